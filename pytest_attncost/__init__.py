@@ -1,0 +1,59 @@
+"""pytest-attncost: attention-cost budgets for Transformer models, as pytest tests.
+
+Counts multiply-accumulates (MACs) with fvcore and splits them the way the
+Transformer cost analysis does: attention core (``2n²hd``), attention
+projections (``4n(hd)²``) and FFN (``8n(hd)²``).
+"""
+
+from __future__ import annotations
+
+from .formulas import (
+    Costs,
+    ModelSpec,
+    attention,
+    attention_core,
+    attention_proj,
+    crossover_n,
+    ffn,
+    layer_costs,
+    linear_attention_saving,
+    model_costs,
+    quadratic_n,
+)
+from .units import format_count, parse_count
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Costs",
+    "ModelSpec",
+    "Profile",
+    "ProfileError",
+    "__version__",
+    "attention",
+    "attention_core",
+    "attention_proj",
+    "crossover_n",
+    "ffn",
+    "format_count",
+    "layer_costs",
+    "linear_attention_saving",
+    "model_costs",
+    "parse_count",
+    "profile",
+    "quadratic_n",
+]
+
+
+def __getattr__(name: str) -> object:
+    # torch and fvcore load only when counting is asked for: `pytest --help` and suites
+    # that never profile do not pay for them.
+    if name in ("profile", "ProfileError"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "Profile":
+        from .result import Profile
+
+        return Profile
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

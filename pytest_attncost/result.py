@@ -1,0 +1,178 @@
+"""Profile: one counted forward pass, in MACs, split the article's way."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import formulas
+from .counting import MATMUL_LIKE_UNSUPPORTED
+from .formulas import Costs, ModelSpec
+
+__all__ = ["Profile"]
+
+COMPONENTS = ("attention_core", "attention_proj", "ffn")
+
+
+def relative_deviation(measured: int, expected: int) -> float:
+    """|measured - expected| / expected; 0 when both are 0, 1.0 when only the formula is 0."""
+    if expected == 0:
+        return 0.0 if measured == 0 else 1.0
+    return abs(measured - expected) / expected
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One counted forward pass, in MACs, split the article's way.
+
+    Attributes:
+        name: the model's name (its class, or ``name=``).
+        n: the sequence length the attention saw.
+        batch: the batch size.
+        attention_core: QK^T and AV (activation x activation products, fused attention).
+        attention_proj: Q, K, V and O projections.
+        ffn: the feed-forward networks.
+        other: everything else fvcore counted (embeddings, norms, heads, poolers).
+        layers: layers in the model (from the spec, else attention modules found).
+        spec: the shape the formulas are evaluated for; None when unknown.
+        m: memory length for cross-attention (None for self-attention-only models).
+        unsupported_ops: op -> number of calls fvcore could not count.
+        by_module: module name (``""`` is the root) -> MACs, fvcore's ``by_module``.
+    """
+
+    name: str
+    n: int
+    batch: int
+    attention_core: int
+    attention_proj: int
+    ffn: int
+    other: int
+    layers: int
+    spec: ModelSpec | None = None
+    m: int | None = None
+    unsupported_ops: Mapping[str, int] = field(default_factory=dict)
+    by_module: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def attention(self) -> int:
+        return self.attention_core + self.attention_proj
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.ffn + self.other
+
+    @property
+    def attention_share(self) -> float:
+        """attention / (attention + ffn): the article's comparison; 0.0 when both are zero."""
+        denominator = self.attention + self.ffn
+        return self.attention / denominator if denominator else 0.0
+
+    @property
+    def quadratic_share(self) -> float:
+        """attention_core / (attention + ffn); 0.0 when both are zero."""
+        denominator = self.attention + self.ffn
+        return self.attention_core / denominator if denominator else 0.0
+
+    @property
+    def formula(self) -> Costs | None:
+        """The formulas' attention_core, attention_proj and ffn for this spec, n, batch and m."""
+        if self.spec is None:
+            return None
+        return formulas.model_costs(self.spec, self.n, self.batch, self.m)
+
+    @property
+    def deviation(self) -> float | None:
+        """Largest relative difference between measured and formula over the three parts."""
+        expected = self.formula
+        if expected is None:
+            return None
+        return max(relative_deviation(getattr(self, c), getattr(expected, c)) for c in COMPONENTS)
+
+    @property
+    def linear_attention_saving(self) -> float | None:
+        """Fraction of attention + ffn saved if the core were linear attention, in [0, 1]."""
+        if self.spec is None:
+            return None
+        denominator = self.attention + self.ffn
+        if denominator == 0:
+            return 0.0
+        linear_core = self.spec.layers * formulas.linear_attention_core(self.spec, self.n, self.batch, self.m)
+        return min(1.0, max(0.0, (self.attention_core - linear_core) / denominator))
+
+    @property
+    def crossover_n(self) -> float | None:
+        """Where attention overtakes the FFN for this spec (see :func:`formulas.crossover_n`)."""
+        value = formulas.crossover_n(self.spec) if self.spec else None
+        return None if value is None else float(value)
+
+    @property
+    def quadratic_n(self) -> float | None:
+        """Where the quadratic core overtakes the linear terms for this spec."""
+        value = formulas.quadratic_n(self.spec) if self.spec else None
+        return None if value is None else float(value)
+
+    @property
+    def skipped_matmul_ops(self) -> dict[str, int]:
+        """Unsupported ops that multiply matrices: their MACs are missing from the count."""
+        return {op: c for op, c in self.unsupported_ops.items() if op in MATMUL_LIKE_UNSUPPORTED}
+
+    def check_formula(self, rtol: float = 0.01) -> None:
+        """Assert that each measured part is within *rtol* of the formula.
+
+        Raises:
+            AssertionError: with a small measured-vs-formula table.
+        """
+        expected = self.formula
+        if expected is None:
+            raise AssertionError(
+                f"{self.name}: no formula to compare with (unknown shape); pass spec=ModelSpec(...) to profile()"
+            )
+        rows = [f"{'part':<16}{'measured':>20}{'formula':>20}{'deviation':>11}"]
+        bad = False
+        for part in COMPONENTS:
+            got, want = getattr(self, part), getattr(expected, part)
+            dev = relative_deviation(got, want)
+            bad |= dev > rtol
+            mark = "  <-" if dev > rtol else ""
+            rows.append(f"{part:<16}{got:>20,}{want:>20,}{dev:>10.2%}{mark}")
+        if bad:
+            header = f"{self.name} at n={self.n}, batch={self.batch} deviates from the formula by more than {rtol:.2%} (MACs):"
+            raise AssertionError("\n".join([header, *rows]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe builtins only: the same dict feeds xdist, reports and baselines."""
+        formula = self.formula
+        return {
+            "name": self.name,
+            "n": self.n,
+            "batch": self.batch,
+            "m": self.m,
+            "layers": self.layers,
+            "total": self.total,
+            "attention": self.attention,
+            "attention_core": self.attention_core,
+            "attention_proj": self.attention_proj,
+            "ffn": self.ffn,
+            "other": self.other,
+            "attention_share": self.attention_share,
+            "quadratic_share": self.quadratic_share,
+            "deviation": self.deviation,
+            "linear_attention_saving": self.linear_attention_saving,
+            "crossover_n": self.crossover_n,
+            "quadratic_n": self.quadratic_n,
+            "spec": None if self.spec is None else self.spec.to_dict(),
+            "formula": None if formula is None else formula.to_dict(),
+            "unsupported_ops": dict(sorted(self.unsupported_ops.items())),
+            "by_module": dict(sorted(self.by_module.items())),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+        """Inverse of :meth:`to_dict` (derived fields are recomputed, not read)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        if kwargs.get("spec") is not None:
+            kwargs["spec"] = ModelSpec.from_dict(kwargs["spec"])
+        return cls(**kwargs)

@@ -1,0 +1,181 @@
+"""Split counted ops into attention_core, attention_proj, ffn and other.
+
+By module scope first, then by operand:
+
+* a fused attention op (``scaled_dot_product_attention`` and its kernels) is
+  ``attention_core`` wherever it runs;
+* a matrix product inside an attention module is ``attention_proj`` when an
+  operand is a parameter (``x @ W``), ``other`` when it is a buffer (rotary
+  tables), and ``attention_core`` when both operands are activations (QK^T, AV);
+* a matrix product inside an FFN module is ``ffn``;
+* everything else — norms, embeddings, poolers, heads, products outside the
+  layers — is ``other``.
+
+Attention and FFN modules are found by class for the transformers families and
+torch's Transformer modules, or named by the user with
+``roles={"attention": [globs], "ffn": [globs]}`` (fnmatch over dotted module names).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .counting import ATTENTION_OPS, CONTRACTING_OPS, OpRecord
+
+__all__ = ["ROLE_NAMES", "RoleError", "Split", "auto_roles", "explicit_roles", "split"]
+
+ROLE_NAMES = ("attention", "ffn")
+
+ROLES_HINT = (
+    "pass roles={'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']} "
+    "with fnmatch globs over the module names"
+)
+
+_ATTENTION_CLASS = re.compile(r"Attention")
+_FFN_CLASS = re.compile(r"(MLP|FeedForward|FFN|Intermediate|LayerFF|DenseActDense|DenseGatedActDense)$", re.IGNORECASE)
+_TORCH_LAYERS = ("TransformerEncoderLayer", "TransformerDecoderLayer")
+
+
+class RoleError(ValueError):
+    """Roles could not be assigned; the message says how to pass ``roles=``."""
+
+
+@dataclass
+class Split:
+    """Counted MACs by role, plus what the attention saw."""
+
+    attention_core: int = 0
+    attention_proj: int = 0
+    ffn: int = 0
+    other: int = 0
+    attention_modules: list[str] = field(default_factory=list)
+    # (queries, keys, batch x heads) per core op, in graph order
+    lengths: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def _parent(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def auto_roles(classes: Mapping[str, str]) -> dict[str, str]:
+    """Roles of modules found by class name; descendants inherit (see :func:`role_of`)."""
+    roles: dict[str, str] = {}
+    children: dict[str, list[str]] = {}
+    for name in classes:
+        if name:
+            children.setdefault(_parent(name), []).append(name)
+    for name, cls in classes.items():
+        if name == "":
+            continue
+        parent_cls = classes.get(_parent(name), "")
+        if _ATTENTION_CLASS.search(cls):
+            roles[name] = "attention"
+        elif _FFN_CLASS.search(cls):
+            roles[name] = "ffn"
+        elif parent_cls in _TORCH_LAYERS and name.rsplit(".", 1)[-1] in ("linear1", "linear2"):
+            roles[name] = "ffn"
+        elif cls.endswith("Output") and any(
+            _FFN_CLASS.search(classes[s]) and "Intermediate" in classes[s] for s in children.get(_parent(name), [])
+        ):
+            roles[name] = "ffn"  # BERT/ViT layout: layer.intermediate + layer.output form the FFN
+    # The root itself is a role only when nothing inside it is (a bare nn.MultiheadAttention);
+    # otherwise a model class named "...Attention..." would swallow its own FFN.
+    root = classes.get("", "")
+    if not roles and _ATTENTION_CLASS.search(root):
+        roles[""] = "attention"
+    elif not roles and _FFN_CLASS.search(root):
+        roles[""] = "ffn"
+    return roles
+
+
+def explicit_roles(roles: Mapping[str, Iterable[str]], names: Sequence[str]) -> dict[str, str]:
+    """Roles from the user's globs. Every glob must match at least one module."""
+    if not isinstance(roles, Mapping):
+        raise RoleError(f"roles must be a dict such as {{'attention': [...], 'ffn': [...]}}, got {roles!r}")
+    unknown = sorted(set(roles) - set(ROLE_NAMES))
+    if unknown:
+        raise RoleError(f"unknown role {unknown[0]!r} in roles=; valid roles: {', '.join(ROLE_NAMES)}")
+    assigned: dict[str, str] = {}
+    for role in ROLE_NAMES:
+        globs = roles.get(role, [])
+        if isinstance(globs, str):
+            globs = [globs]
+        for glob in globs:
+            if not isinstance(glob, str):
+                raise RoleError(f"roles[{role!r}] must hold strings (module-name globs), got {glob!r}")
+            matched = [name for name in names if fnmatch.fnmatchcase(name, glob)]
+            if not matched:
+                shown = ", ".join(repr(n) for n in names if n)[:400] or "(none)"
+                raise RoleError(f"roles[{role!r}] glob {glob!r} matches no module; module names are: {shown}")
+            for name in matched:
+                assigned.setdefault(name, role)
+    return assigned
+
+
+def role_of(scope: str, roles: Mapping[str, str]) -> str | None:
+    """The role of the nearest enclosing module that has one."""
+    name = scope
+    while True:
+        role = roles.get(name)
+        if role is not None:
+            return role
+        if name == "":
+            return None
+        name = _parent(name)
+
+
+def _lengths(record: OpRecord) -> tuple[int, int, int] | None:
+    """(queries, keys, batch x heads) seen by a core op: sdpa's q and k, or QK^T's operands."""
+    if len(record.shapes) < 2 or any(len(s) < 2 for s in record.shapes[:2]):
+        return None
+    first, second = record.shapes[0], record.shapes[1]
+    leading = math.prod(first[:-2])
+    if record.op in ATTENTION_OPS:
+        # q: [b, h, n, d], k: [b, g, m, d]
+        return first[-2], second[-2], leading
+    # QK^T: [.., n, d] @ [.., d, m]; the first core product of a layer is QK^T.
+    return first[-2], second[-1], leading
+
+
+def split(records: Iterable[OpRecord], roles: Mapping[str, str]) -> Split:
+    """Sum the records by role."""
+    result = Split()
+    seen_modules: dict[str, None] = {}
+    for record in records:
+        role = role_of(record.scope, roles)
+        if record.op in ATTENTION_OPS:
+            bucket = "attention_core"
+        elif record.op in CONTRACTING_OPS:
+            if role == "attention":
+                bucket = {"param": "attention_proj", "buffer": "other"}.get(record.origin, "attention_core")
+            elif role == "ffn":
+                bucket = "ffn"
+            else:
+                bucket = "other"
+        else:
+            bucket = "other"
+        setattr(result, bucket, getattr(result, bucket) + record.macs)
+        if bucket == "attention_core":
+            lengths = _lengths(record)
+            if lengths is not None:
+                result.lengths.append(lengths)
+        if role == "attention":
+            seen_modules.setdefault(_attention_root(record.scope, roles), None)
+    result.attention_modules = list(seen_modules)
+    return result
+
+
+def _attention_root(scope: str, roles: Mapping[str, str]) -> str:
+    """The outermost attention module enclosing *scope*."""
+    found = scope
+    name = scope
+    while True:
+        if roles.get(name) == "attention":
+            found = name
+        if name == "":
+            return found
+        name = _parent(name)

@@ -1,0 +1,92 @@
+"""Parse counts such as ``"45 GMAC"`` or ``"90 GFLOP"`` into MACs; format MACs for people.
+
+Prefixes are decimal (SI): ``G`` is 10**9, as FLOP counts are quoted everywhere.
+One MAC is two FLOP, so a FLOP threshold may be a half-MAC; parsing returns an
+exact :class:`fractions.Fraction` and comparisons never round.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+__all__ = ["UnitError", "format_count", "parse_count", "UNITS"]
+
+PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
+UNITS = ("mac", "flop")
+FLOP_PER_MAC = 2
+
+_COUNT = re.compile(
+    r"""^\s*
+    (?P<number>[0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)
+    \s*(?P<prefix>[kmgtp]?)
+    \s*(?P<unit>macs?|flops?)?
+    \s*$""",
+    re.IGNORECASE | re.VERBOSE,
+)
+
+UNIT_HELP = "an int of MACs or a string such as '45G', '45 GMAC' or '90 GFLOP' (K/M/G/T/P are powers of 1000)"
+
+
+class UnitError(ValueError):
+    """A count that cannot be read; the message says what was expected."""
+
+
+def parse_count(value: object) -> Fraction:
+    """Read a count into MACs, exactly.
+
+    Args:
+        value: an int (MACs) or a string: a number, an optional decimal prefix
+            (K, M, G, T, P) and an optional unit (MAC or FLOP, plural allowed),
+            case-insensitive. ``"45G"`` and ``"45 GMAC"`` are 45e9 MACs;
+            ``"90 GFLOP"`` is 45e9 MACs too.
+
+    Returns:
+        The count in MACs (a Fraction: ``"3 FLOP"`` is 3/2 MAC).
+
+    Raises:
+        UnitError: the value is not a non-negative finite count.
+    """
+    if isinstance(value, bool):
+        raise UnitError(f"expected {UNIT_HELP}, got the bool {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise UnitError(f"a count cannot be negative, got {value!r}")
+        return Fraction(value)
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise UnitError(f"a count must be finite and non-negative, got {value!r}")
+        return Fraction(value)
+    if not isinstance(value, str):
+        raise UnitError(f"expected {UNIT_HELP}, got {type(value).__name__} {value!r}")
+    match = _COUNT.match(value)
+    if match is None:
+        raise UnitError(f"cannot read {value!r} as a count: expected {UNIT_HELP}")
+    number = Fraction(match["number"].replace("_", ""))
+    macs = number * PREFIXES[match["prefix"].lower()]
+    unit = (match["unit"] or "mac").lower().rstrip("s")
+    return macs / FLOP_PER_MAC if unit == "flop" else macs
+
+
+def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True) -> str:
+    """Format a MAC count with a decimal prefix and three significant digits.
+
+    ``format_count(4_026_531_840)`` is ``"4.03 GMAC"``; with ``unit="flop"`` the
+    value is doubled and labelled ``GFLOP``. ``suffix=False`` leaves the unit
+    out (for table cells under a header that names it): ``"4.03 G"``.
+    """
+    if unit not in UNITS:
+        raise UnitError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    value = Fraction(macs) * (FLOP_PER_MAC if unit == "flop" else 1)
+    label = unit.upper() if suffix else ""
+    prefix = ""
+    for name, scale in (("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("K", 10**3)):
+        if abs(value) >= scale:
+            value, prefix = value / scale, name
+            break
+    if prefix == "" and value.denominator == 1:
+        text = str(value.numerator)
+    else:
+        text = f"{float(value):.3g}" if abs(value) < 1000 else f"{float(value):.0f}"
+    return f"{text} {prefix}{label}".rstrip()
