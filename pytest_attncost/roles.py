@@ -87,8 +87,6 @@ def auto_roles(classes: Mapping[str, str]) -> dict[str, str]:
     root = classes.get("", "")
     if not roles and _ATTENTION_CLASS.search(root):
         roles[""] = "attention"
-    elif not roles and _FFN_CLASS.search(root):
-        roles[""] = "ffn"
     return roles
 
 

@@ -88,5 +88,7 @@ def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True
     if prefix == "" and value.denominator == 1:
         text = str(value.numerator)
     else:
-        text = f"{float(value):.3g}" if abs(value) < 1000 else f"{float(value):.0f}"
+        text = f"{float(value):.3g}"
+        if "e" in text:  # 999.7 rounds to "1e+03"
+            text = f"{float(value):.0f}"
     return f"{text} {prefix}{label}".rstrip()

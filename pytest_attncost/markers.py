@@ -1,0 +1,240 @@
+"""The ``attncost`` marker: one spec of allowed keywords, parsed and validated, and the bound checks.
+
+Plain functions of plain data: no pytest session is needed to test them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from .units import UnitError, format_count, parse_count
+
+__all__ = ["Bounds", "MarkerError", "check_bounds", "parse_marker_kwargs", "MARKER_HELP"]
+
+MARKER_HELP = (
+    "attncost(n=None, batch=1, **bounds): profile with the attncost fixture at length n "
+    "(a list parametrizes the test, one item per length) and fail the test when a profile "
+    "breaks a bound: attention_share_max, attention_share_min, quadratic_share_max, "
+    "total_max, attention_max, ffn_max (MACs, or strings such as '45 GMAC' / '90 GFLOP'), "
+    "formula_rtol, linear_saving_max."
+)
+
+NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
+
+
+class MarkerError(ValueError):
+    """A malformed attncost marker; the message is shown to the user verbatim."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The marker, parsed. ``None`` means "no bound"."""
+
+    lengths: tuple[int, ...] = ()
+    batch: int | None = None
+    attention_share_max: float | None = None
+    attention_share_min: float | None = None
+    quadratic_share_max: float | None = None
+    total_max: Fraction | None = None  # MACs
+    attention_max: Fraction | None = None
+    ffn_max: Fraction | None = None
+    formula_rtol: float | None = None
+    linear_saving_max: float | None = None
+
+    @property
+    def has_bounds(self) -> bool:
+        return any(
+            getattr(self, f.name) is not None for f in dataclasses.fields(self) if f.name not in ("lengths", "batch")
+        )
+
+
+_SHARES = ("attention_share_max", "attention_share_min", "quadratic_share_max", "linear_saving_max")
+_COUNTS = ("total_max", "attention_max", "ffn_max")
+KEYWORDS = frozenset({"n"} | {f.name for f in dataclasses.fields(Bounds)} - {"lengths"})
+
+
+def _is_number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _length(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MarkerError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise MarkerError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _lengths(value: object) -> tuple[int, ...]:
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise MarkerError("n=[] is empty: give one length or a list of lengths, e.g. n=[128, 512]")
+        lengths = tuple(_length("every n", v) for v in value)
+        if len(set(lengths)) != len(lengths):
+            raise MarkerError(f"n={list(value)!r} repeats a length")
+        return lengths
+    return (_length("n", value),)
+
+
+def _share(name: str, value: object) -> float:
+    if not _is_number(value) or not 0 <= value <= 1:  # type: ignore[operator]
+        raise MarkerError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _count(name: str, value: object) -> Fraction:
+    try:
+        return parse_count(value)
+    except UnitError as exc:
+        raise MarkerError(f"{name}: {exc}") from None
+
+
+def _rtol(name: str, value: object) -> float:
+    if not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type,operator]
+        raise MarkerError(f"{name} must be a finite number >= 0 (a relative tolerance such as 0.01), got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bounds:
+    """Validate the marker's arguments; every problem raises a MarkerError naming the keyword."""
+    if args:
+        raise MarkerError("takes keyword arguments only, e.g. attncost(n=512, attention_share_max=0.5)")
+    for name in sorted(set(kwargs) - KEYWORDS):
+        close = difflib.get_close_matches(name, KEYWORDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise MarkerError(f"unknown keyword {name!r}{hint}; valid: {', '.join(sorted(KEYWORDS))}")
+    values: dict[str, Any] = {}
+    if "n" in kwargs:
+        values["lengths"] = _lengths(kwargs["n"])
+    if "batch" in kwargs:
+        values["batch"] = _length("batch", kwargs["batch"])
+    for name in _SHARES:
+        if name in kwargs:
+            values[name] = _share(name, kwargs[name])
+    for name in _COUNTS:
+        if name in kwargs:
+            values[name] = _count(name, kwargs[name])
+    if "formula_rtol" in kwargs:
+        values["formula_rtol"] = _rtol("formula_rtol", kwargs["formula_rtol"])
+    bounds = Bounds(**values)
+    low, high = bounds.attention_share_min, bounds.attention_share_max
+    if low is not None and high is not None and low > high:
+        raise MarkerError(f"attention_share_min {low} > attention_share_max {high}: no share can pass")
+    return bounds
+
+
+def merged_kwargs(marks: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Combine marks from closest (function) to farthest (module): the nearest keyword wins."""
+    kwargs: dict[str, Any] = {}
+    args: tuple[Any, ...] = ()
+    for mark in marks:
+        args = args or tuple(mark.args)
+        for key, value in mark.kwargs.items():
+            kwargs.setdefault(key, value)
+    return args, kwargs
+
+
+# --- checks ------------------------------------------------------------------------------
+
+
+def _fraction_text(value: float) -> str:
+    return f"{int(value)}" if float(value).is_integer() else f"{float(value):.1f}"
+
+
+def threshold_notes(data: Mapping[str, Any]) -> tuple[str, str]:
+    """'attention overtakes FFN at n=1536 = 2hd' and 'quadratic term dominates at n=4608 = 6hd'."""
+    spec = data.get("spec")
+    crossover, quadratic = data.get("crossover_n"), data.get("quadratic_n")
+    hd = spec["heads"] * spec["head_dim"] if spec else None
+    if spec is None:
+        return ("no spec, so no threshold", "no spec, so no threshold")
+    if crossover is None:
+        first = "attention costs more than the FFN at every n"
+    else:
+        first = f"attention overtakes FFN at n={_fraction_text(crossover)}" + (" = 2hd" if crossover == 2 * hd else "")
+    if quadratic is None:
+        second = "no quadratic crossover"
+    else:
+        second = f"quadratic term dominates at n={_fraction_text(quadratic)}" + (" = 6hd" if quadratic == 6 * hd else "")
+    return first, second
+
+
+def _formula_share(data: Mapping[str, Any], part: str) -> str:
+    formula = data.get("formula")
+    if not formula:
+        return "no formula"
+    denominator = formula["attention"] + formula["ffn"]
+    value = formula[part] / denominator if denominator else 0.0
+    return f"formula {value:.3f}"
+
+
+def check_bounds(bounds: Bounds, data: Mapping[str, Any], unit: str = "mac") -> list[str]:
+    """Every bound this profile (a ``Profile.to_dict()``) breaks, as one readable line each."""
+    problems: list[str] = []
+    where = f"at n={data['n']}" + (f", batch={data['batch']}" if data["batch"] != 1 else "")
+    crossover_note, quadratic_note = threshold_notes(data)
+
+    share = data["attention_share"]
+    if bounds.attention_share_max is not None and share > bounds.attention_share_max:
+        problems.append(
+            f"attention_share {share:.3f} > {bounds.attention_share_max} {where} "
+            f"({_formula_share(data, 'attention')}; {crossover_note})"
+        )
+    if bounds.attention_share_min is not None and share < bounds.attention_share_min:
+        problems.append(
+            f"attention_share {share:.3f} < {bounds.attention_share_min} {where} "
+            f"({_formula_share(data, 'attention')}; {crossover_note})"
+        )
+    quad = data["quadratic_share"]
+    if bounds.quadratic_share_max is not None and quad > bounds.quadratic_share_max:
+        problems.append(
+            f"quadratic_share {quad:.3f} > {bounds.quadratic_share_max} {where} "
+            f"({_formula_share(data, 'attention_core')}; {quadratic_note})"
+        )
+    formula = data.get("formula")
+    for name, part in (("total_max", "total"), ("attention_max", "attention"), ("ffn_max", "ffn")):
+        limit = getattr(bounds, name)
+        if limit is None or data[part] <= limit:
+            continue
+        if formula:
+            expected = formula["attention"] + formula["ffn"] if part == "total" else formula[part]
+            label = "formula attention+ffn" if part == "total" else "formula"
+            note = f"{label} {format_count(expected, unit)}"
+        else:
+            note = "no formula"
+        problems.append(
+            f"{part} {format_count(data[part], unit)} > {name} {format_count(limit, unit)} {where} "
+            f"({data[part]:,} > {_exact(limit)} MAC; {note})"
+        )
+    saving = data.get("linear_attention_saving")
+    if bounds.linear_saving_max is not None:
+        if saving is None:
+            problems.append(f"linear_saving_max needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
+        elif saving > bounds.linear_saving_max:
+            problems.append(
+                f"linear_attention_saving {saving:.4f} > {bounds.linear_saving_max} {where} "
+                f"(linear attention would save {saving:.2%} of attention+ffn; {crossover_note})"
+            )
+    if bounds.formula_rtol is not None:
+        if not formula:
+            problems.append(f"formula_rtol needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
+        else:
+            for part in ("attention_core", "attention_proj", "ffn"):
+                got, want = data[part], formula[part]
+                dev = abs(got - want) / want if want else (0.0 if got == 0 else 1.0)
+                if dev > bounds.formula_rtol:
+                    problems.append(
+                        f"{part} {got:,} MAC deviates {dev:.2%} from the formula's {want:,} "
+                        f"(formula_rtol {bounds.formula_rtol}) {where}"
+                    )
+    return problems
+
+
+def _exact(value: Fraction) -> str:
+    return f"{value.numerator:,}" if value.denominator == 1 else f"{float(value):,.1f}"

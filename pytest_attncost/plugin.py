@@ -1,0 +1,347 @@
+"""The pytest side: options, the ``attncost`` marker and fixture, bound checks, reports.
+
+torch and fvcore are imported only when a test profiles a model, so ``pytest --help``
+and suites that never use the fixture do not pay for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .markers import MARKER_HELP, NO_PROFILE, Bounds, MarkerError, check_bounds, merged_kwargs, parse_marker_kwargs
+from .reporting import append_once, render_json, render_markdown, render_terminal, write_atomic
+from .units import UNITS
+
+if TYPE_CHECKING:
+    from .result import Profile
+
+SETTINGS_KEY = pytest.StashKey["Settings"]()
+BOUNDS_KEY = pytest.StashKey[Bounds]()
+PROFILES_KEY = pytest.StashKey[list["Profile"]]()
+ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
+
+USER_PROPERTY = "attncost"
+LENGTH_ARG = "attncost_n"
+
+_REPORT_HELP = "Print the attncost table (one row per profile) at the end of the session."
+_UNIT_HELP = "Unit of the counts in reports: mac (default) or flop (1 MAC = 2 FLOP)."
+_STRICT_HELP = "Fail a test whose profile skipped a matrix-multiplying op that fvcore cannot count."
+_JSON_HELP = "Write every profile of the session to this JSON file (versioned schema)."
+_MARKDOWN_HELP = "Write the report as a Markdown table to this file."
+
+STRICT_MESSAGE = "fvcore skipped {ops}: these ops multiply matrices, so the count is short (--attncost-strict)"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Options resolved once: command line, then ini, then default."""
+
+    report: bool = False
+    unit: str = "mac"
+    strict: bool = False
+    json_path: Path | None = None
+    markdown_path: Path | None = None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        def flag(option: str, ini: str) -> bool:
+            value = config.getoption(option)
+            return bool(config.getini(ini)) if value is None else bool(value)
+
+        unit = config.getoption("attncost_unit")
+        if unit is None:
+            unit = str(config.getini("attncost_unit")).strip().lower() or "mac"
+            if unit not in UNITS:
+                raise pytest.UsageError(
+                    f"attncost_unit = {unit!r} in the ini file: expected one of {', '.join(UNITS)}"
+                )
+        json_path = _report_path(config, "attncost_json", "--attncost-json")
+        markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown")
+        if json_path is not None and markdown_path is not None and json_path == markdown_path:
+            raise pytest.UsageError(
+                f"--attncost-json and --attncost-markdown name the same file {json_path}: give them different paths"
+            )
+        return cls(
+            report=flag("attncost_report", "attncost_report"),
+            unit=unit,
+            strict=flag("attncost_strict", "attncost_strict"),
+            json_path=json_path,
+            markdown_path=markdown_path,
+        )
+
+
+def _report_path(config: pytest.Config, dest: str, option: str) -> Path | None:
+    """A report path, checked before any test runs: a lost report after a long run helps no one."""
+    value = config.getoption(dest)
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_absolute():
+        path = Path(config.invocation_params.dir) / path
+    if path.is_dir():
+        raise pytest.UsageError(f"{option}={value}: is a directory; give a file path such as {value}/attncost.json")
+    parent = path.parent
+    if not parent.exists():
+        raise pytest.UsageError(f"{option}={value}: directory {parent} does not exist; create it first")
+    if not parent.is_dir():
+        raise pytest.UsageError(f"{option}={value}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise pytest.UsageError(f"{option}={value}: directory {parent} is not writable")
+    return path
+
+
+def _unit_arg(value: str) -> str:
+    unit = value.strip().lower()
+    if unit not in UNITS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(UNITS)}, got {value!r}")
+    return unit
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Start-up: register the --attncost-* options and their ini twins."""
+    group = parser.getgroup("attncost", "attention cost budgets (pytest-attncost)")
+    # default=None, not False: "not given" must be told apart so the ini twin is consulted.
+    group.addoption("--attncost-report", action="store_true", default=None, help=_REPORT_HELP)
+    group.addoption("--attncost-unit", metavar="UNIT", type=_unit_arg, default=None, help=_UNIT_HELP)
+    group.addoption("--attncost-strict", action="store_true", default=None, help=_STRICT_HELP)
+    group.addoption("--attncost-json", metavar="PATH", default=None, help=_JSON_HELP)
+    group.addoption("--attncost-markdown", metavar="PATH", default=None, help=_MARKDOWN_HELP)
+    parser.addini("attncost_report", _REPORT_HELP, type="bool", default=False)
+    parser.addini("attncost_unit", _UNIT_HELP, default="mac")
+    parser.addini("attncost_strict", _STRICT_HELP, type="bool", default=False)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # pytest-xdist worker; no xdist import needed
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start-up: register the marker, resolve the settings, start the session collector."""
+    config.addinivalue_line("markers", MARKER_HELP)
+    config.stash[SETTINGS_KEY] = Settings.from_config(config)
+    config.pluginmanager.register(AttncostSession(config), "attncost-session")
+
+
+# --- marker ------------------------------------------------------------------------------
+
+
+def _parse(node: Any) -> Bounds | None:
+    marks = list(node.iter_markers("attncost"))
+    if not marks:
+        return None
+    args, kwargs = merged_kwargs(marks)
+    return parse_marker_kwargs(args, kwargs)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Collection: expand n=[...] into one item per length, with ids n=<len>."""
+    try:
+        bounds = _parse(metafunc.definition)
+    except MarkerError:
+        return  # left unexpanded; the test reports the problem at setup
+    if bounds is None or len(bounds.lengths) < 2:
+        return
+    if LENGTH_ARG not in metafunc.fixturenames:
+        metafunc.fixturenames.append(LENGTH_ARG)
+    metafunc.parametrize(LENGTH_ARG, list(bounds.lengths), ids=[f"n={n}" for n in bounds.lengths])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before each test's fixtures: refuse a malformed marker, naming the test and the keyword."""
+    try:
+        bounds = _parse(item)
+    except MarkerError as exc:
+        problem = str(exc)
+    else:
+        problem = None
+    if problem is not None:  # outside the except block: no chained traceback in the report
+        pytest.fail(f"{item.nodeid}: @pytest.mark.attncost: {problem}", pytrace=False)
+    if bounds is not None:
+        item.stash[BOUNDS_KEY] = bounds
+
+
+# --- fixture -----------------------------------------------------------------------------
+
+
+class AttncostFixture:
+    """What the ``attncost`` fixture gives a test: ``profile()`` with the marker's n and batch."""
+
+    def __init__(self, item: pytest.Item, bounds: Bounds | None, length: int | None) -> None:
+        self._item = item
+        self._bounds = bounds
+        if length is None and bounds is not None and len(bounds.lengths) == 1:
+            length = bounds.lengths[0]
+        self._n = length
+
+    @property
+    def n(self) -> int | None:
+        """This item's sequence length from the marker (None without one)."""
+        return self._n
+
+    @property
+    def batch(self) -> int:
+        """The marker's batch (1 by default)."""
+        return self._bounds.batch if self._bounds is not None and self._bounds.batch is not None else 1
+
+    @property
+    def profiles(self) -> list[Profile]:
+        """Profiles made so far in this test."""
+        return list(self._item.stash.get(PROFILES_KEY, []))
+
+    def profile(
+        self,
+        model: Any,
+        n: int | None = None,
+        *,
+        batch: int | None = None,
+        inputs: Any = None,
+        roles: Any = None,
+        spec: Any = None,
+        name: str | None = None,
+    ) -> Profile:
+        """Like :func:`pytest_attncost.profile`, defaulting n and batch to the marker's; recorded for the report."""
+        from .api import profile
+
+        fills_in = inputs is None or callable(inputs)
+        if n is None and fills_in:
+            n = self._n
+        if batch is None and fills_in and self._bounds is not None:
+            batch = self._bounds.batch
+        result = profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name)
+        self._item.stash.setdefault(PROFILES_KEY, []).append(result)
+        return result
+
+
+@pytest.fixture
+def attncost_n() -> int | None:
+    """This item's length when the marker gives a list of lengths (parametrized), else None."""
+    return None
+
+
+@pytest.fixture
+def attncost(request: pytest.FixtureRequest, attncost_n: int | None) -> AttncostFixture:
+    """Profile models in a test: ``attncost.profile(model)``; bounds come from ``@pytest.mark.attncost``."""
+    item = request.node
+    return AttncostFixture(item, item.stash.get(BOUNDS_KEY, None), attncost_n)
+
+
+# --- checks after the call ---------------------------------------------------------------
+
+
+def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any]], list[str]]:
+    bounds = item.stash.get(BOUNDS_KEY, None)
+    rows, problems = [], []
+    profiles = item.stash.get(PROFILES_KEY, [])
+    for result in profiles:
+        row = result.to_dict()
+        row["skipped_matmul_ops"] = result.skipped_matmul_ops
+        found = check_bounds(bounds, row, settings.unit) if bounds is not None else []
+        if settings.strict and result.skipped_matmul_ops:
+            ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
+            found.append(STRICT_MESSAGE.format(ops=ops))
+        row["test_id"] = item.nodeid
+        row["problems"] = found
+        row["verdict"] = "FAIL" if found else ("ok" if bounds is not None and bounds.has_bounds else "-")
+        prefix = f"{result.name}: " if len(profiles) > 1 else ""
+        problems += [prefix + p for p in found]
+        rows.append(row)
+    return rows, problems
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """After the call phase: attach profiles to the report; fail a passing test that breaks its bounds."""
+    problems: list[str] = []
+    if call.when == "call" and (PROFILES_KEY in item.stash or BOUNDS_KEY in item.stash):
+        rows, problems = _rows_for(item, item.config.stash[SETTINGS_KEY])
+        for row in rows:
+            # A JSON string, so --junitxml shows JSON and xdist ships plain text.
+            item.user_properties.append((USER_PROPERTY, json.dumps(row, sort_keys=True, allow_nan=False)))
+        if BOUNDS_KEY in item.stash and not rows:
+            problems = [NO_PROFILE]
+    report = yield
+    if problems and report.passed:
+        report.outcome = "failed"
+        if problems == [NO_PROFILE]:
+            report.longrepr = f"@pytest.mark.attncost: {NO_PROFILE}"
+        else:
+            report.longrepr = "@pytest.mark.attncost bounds broken:\n" + "\n".join(f"  {p}" for p in problems)
+    return report
+
+
+# --- session -----------------------------------------------------------------------------
+
+
+class AttncostSession:
+    """Per-run state on the controller (or the only process): rows for reports and files."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.settings = config.stash[SETTINGS_KEY]
+        self.rows: dict[tuple[str, int], dict[str, Any]] = {}
+        self.outcomes: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Each test phase, on the controller too under xdist: collect outcomes and profiles."""
+        previous = self.outcomes.get(report.nodeid, "passed")
+        if report.failed:
+            self.outcomes[report.nodeid] = "failed" if report.when == "call" else "error"
+        elif report.skipped and previous == "passed":
+            self.outcomes[report.nodeid] = "skipped"
+        else:
+            self.outcomes.setdefault(report.nodeid, "passed")
+        if report.when != "teardown":
+            return
+        index = 0
+        for key, value in report.user_properties:
+            if key == USER_PROPERTY:
+                row = json.loads(value) if isinstance(value, str) else dict(value)
+                self.rows[(report.nodeid, index)] = row
+                index += 1
+
+    def final_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for (nodeid, _), row in self.rows.items():
+            rows.append({**row, "outcome": self.outcomes.get(nodeid, "passed")})
+        return rows
+
+    @property
+    def wanted(self) -> bool:
+        return self.settings.report or self.settings.json_path is not None or self.settings.markdown_path is not None
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """End of the run, before the summary: write the report files (controller only)."""
+        if _is_worker(self.config):
+            return
+        rows = self.final_rows()
+        unit = self.settings.unit
+        if self.settings.json_path is not None:
+            write_atomic(self.settings.json_path, render_json(rows, unit))
+        markdown = None
+        if self.settings.markdown_path is not None:
+            markdown = render_markdown(rows, unit)
+            write_atomic(self.settings.markdown_path, markdown)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary and (self.settings.report or self.settings.markdown_path is not None):
+            append_once(Path(summary), markdown or render_markdown(rows, unit))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """End of the run: print the table when asked for."""
+        if _is_worker(self.config) or not self.settings.report:
+            return
+        unit = self.settings.unit
+        terminalreporter.write_sep("=", f"attncost report (counts in {unit.upper()})")
+        for line in render_terminal(self.final_rows(), unit):
+            terminalreporter.write_line(line)
+        for label, path in (("json", self.settings.json_path), ("markdown", self.settings.markdown_path)):
+            if path is not None:
+                terminalreporter.write_line(f"attncost {label} written to {path}")

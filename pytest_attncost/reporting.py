@@ -1,0 +1,205 @@
+"""Renderers for the attncost report: terminal table, Markdown and JSON, from plain row dicts.
+
+A row is ``Profile.to_dict()`` plus ``test_id``, ``outcome``, ``verdict`` and
+``problems``. Renderers never see the pytest config, so each is a plain function.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .markers import threshold_notes
+from .units import format_count
+
+__all__ = ["SCHEMA", "render_json", "render_markdown", "render_terminal", "sort_rows", "write_atomic"]
+
+SCHEMA = 1
+
+Row = Mapping[str, Any]
+
+_COLUMNS = (
+    "test", "model", "n", "batch", "total", "attention", "FFN", "other",
+    "attn share", "quad share", "deviation", "lin. saving", "verdict",
+)
+
+
+def sort_rows(rows: Iterable[Row]) -> list[Row]:
+    """By test id, then model name, n and batch: serial and xdist runs print the same table."""
+    return sorted(rows, key=lambda r: (r["test_id"], r["name"], r["n"], r["batch"]))
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2%}"
+
+
+def _deviation(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "0" if value == 0 else f"{value:.2%}"
+
+
+def _cells(row: Row, unit: str) -> list[str]:
+    return [
+        row["test_id"],
+        row["name"],
+        str(row["n"]),
+        str(row["batch"]),
+        format_count(row["total"], unit, suffix=False),
+        format_count(row["attention"], unit, suffix=False),
+        format_count(row["ffn"], unit, suffix=False),
+        format_count(row["other"], unit, suffix=False),
+        f"{row['attention_share']:.3f}",
+        f"{row['quadratic_share']:.3f}",
+        _deviation(row["deviation"]),
+        _percent(row["linear_attention_saving"]),
+        row.get("verdict", "-"),
+    ]
+
+
+def _headers(unit: str) -> list[str]:
+    label = unit.upper()
+    return [f"{c} [{label}]" if c in ("total", "attention", "FFN", "other") else c for c in _COLUMNS]
+
+
+def _spec_text(spec: Mapping[str, Any]) -> str:
+    parts = [f"hidden {spec['hidden']}", f"{spec['heads']} heads x {spec['head_dim']}"]
+    if spec.get("kv_heads"):
+        parts.append(f"{spec['kv_heads']} kv heads")
+    parts.append(f"ffn {spec['ffn_dim']}{' gated' if spec.get('gated') else ''}")
+    if spec.get("cross_attention"):
+        parts.append("cross-attention")
+    parts.append(f"{spec['layers']} layers")
+    return ", ".join(parts)
+
+
+def threshold_lines(rows: Sequence[Row]) -> list[str]:
+    """One line per distinct spec: where attention overtakes the FFN and where the core dominates."""
+    seen: dict[str, str] = {}
+    for row in rows:
+        spec = row.get("spec")
+        if not spec:
+            continue
+        key = json.dumps(spec, sort_keys=True)
+        if key not in seen:
+            first, second = threshold_notes(row)
+            seen[key] = f"{row['name']} ({_spec_text(spec)}): {first}; {second}"
+    return list(seen.values())
+
+
+def unsupported_lines(rows: Sequence[Row]) -> list[str]:
+    """Ops fvcore skipped, per profile; matrix products among them are flagged."""
+    lines = []
+    for row in rows:
+        ops = row.get("unsupported_ops") or {}
+        if not ops:
+            continue
+        skipped = set(row.get("skipped_matmul_ops") or {})
+        text = ", ".join(f"{op.removeprefix('aten::')} x{count}" + (" (MATMUL, not counted!)" if op in skipped else "")
+                         for op, count in sorted(ops.items()))
+        lines.append(f"{row['test_id']} [{row['name']} n={row['n']}]: {text}")
+    return lines
+
+
+def _table(headers: list[str], body: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+    numeric = set(range(2, 12))
+
+    def line(cells: list[str]) -> str:
+        out = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(out).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in body)]
+
+
+def render_terminal(rows: Sequence[Row], unit: str = "mac") -> list[str]:
+    """The report as terminal lines (no section header: the caller writes it)."""
+    rows = sort_rows(rows)
+    if not rows:
+        return ["no profiles were made in this session"]
+    lines = _table(_headers(unit), [_cells(r, unit) for r in rows])
+    lines.append(f"counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 1e9); "
+                 "shares are of attention + FFN; deviation is the largest relative difference from the formula")
+    thresholds = threshold_lines(rows)
+    if thresholds:
+        lines += ["", "thresholds (per layer, from the formula):", *(f"  {t}" for t in thresholds)]
+    unsupported = unsupported_lines(rows)
+    if unsupported:
+        lines += ["", "ops fvcore skipped (not in the counts; elementwise ops are expected here):",
+                  *(f"  {u}" for u in unsupported)]
+    failed = [r for r in rows if r.get("problems")]
+    if failed:
+        lines += ["", "bounds broken:"]
+        for row in failed:
+            lines += [f"  {row['test_id']} [{row['name']}]: {p}" for p in row["problems"]]
+    return lines
+
+
+def render_markdown(rows: Sequence[Row], unit: str = "mac") -> str:
+    """A GitHub-flavoured Markdown table, pasteable into a pull request."""
+    rows = sort_rows(rows)
+    out = ["## attncost report", ""]
+    if not rows:
+        return "\n".join([*out, "No profiles were made in this session.", ""])
+    headers = _headers(unit)
+    out.append("| " + " | ".join(headers) + " |")
+    out.append("|" + "|".join("---" if i in (0, 1, 12) else "---:" for i in range(len(headers))) + "|")
+    for row in rows:
+        cells = [c.replace("|", "\\|") for c in _cells(row, unit)]
+        cells[0] = f"`{cells[0]}`"
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹)."]
+    thresholds = threshold_lines(rows)
+    if thresholds:
+        out += ["", "**Thresholds** (per layer, from the formula):", "", *(f"- {t}" for t in thresholds)]
+    unsupported = unsupported_lines(rows)
+    if unsupported:
+        out += ["", "**Ops fvcore skipped** (not in the counts):", "", *(f"- {u}" for u in unsupported)]
+    failed = [r for r in rows if r.get("problems")]
+    if failed:
+        out += ["", "**Bounds broken:**", ""]
+        for row in failed:
+            out += [f"- `{row['test_id']}` {row['name']}: {p}" for p in row["problems"]]
+    return "\n".join(out) + "\n"
+
+
+def versions() -> dict[str, str]:
+    """Versions of what produced the counts (read from package metadata: nothing is imported)."""
+    found = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for dist in ("pytest-attncost", "torch", "fvcore", "transformers", "pytest"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def render_json(rows: Sequence[Row], unit: str = "mac") -> str:
+    """The versioned JSON document: sorted keys and rows, fixed indentation, no NaN."""
+    document = {"schema": SCHEMA, "unit": "MAC", "versions": versions(), "profiles": sort_rows(rows)}
+    return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def append_once(path: Path, text: str) -> None:
+    """Append in one write call (GitHub's step summary is shared by every step of a job)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
