@@ -175,6 +175,7 @@ class OpRecord:
         origin: ``"param"`` if an operand is (a view of) a parameter, ``"buffer"``
             if one is a buffer and none a parameter, else ``"activation"``.
         shapes: the shapes of its operands (for matrix products) or of q, k, v.
+        out_shape: the shape of its (first) output.
     """
 
     op: str
@@ -182,6 +183,7 @@ class OpRecord:
     macs: int
     origin: str
     shapes: tuple[tuple[int, ...], ...]
+    out_shape: tuple[int, ...] = ()
 
 
 @dataclass
@@ -249,8 +251,11 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
         shapes = tuple(
             tuple(_shape(v)) for v in operands if v.type().kind() == "TensorType" and v.isCompleteTensor()
         )
+        out = outputs[0]
+        out_shape = tuple(_shape(out)) if out.type().kind() == "TensorType" and out.isCompleteTensor() else ()
         ctx.records.append(
-            OpRecord(op=op, scope=_scope_of(outputs[0].node()), macs=int(round(macs)), origin=origin, shapes=shapes)
+            OpRecord(op=op, scope=_scope_of(out.node()), macs=int(round(macs)), origin=origin, shapes=shapes,
+                     out_shape=out_shape)
         )
         return value
 

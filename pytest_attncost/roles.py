@@ -126,23 +126,31 @@ def role_of(scope: str, roles: Mapping[str, str]) -> str | None:
         name = _parent(name)
 
 
-def _lengths(record: OpRecord) -> tuple[int, int, int] | None:
-    """(queries, keys, batch x heads) seen by a core op: sdpa's q and k, or QK^T's operands."""
-    if len(record.shapes) < 2 or any(len(s) < 2 for s in record.shapes[:2]):
+def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
+    """(queries, keys, batch x heads) seen by one attention module's core ops.
+
+    The last core product's output is ``[.., n, d]`` for softmax attention (AV),
+    linear attention (Q (K^T V)) and fused attention alike; the keys are sdpa's
+    ``k`` length, or the columns of the first product's output (QK^T: ``[.., n, m]``).
+    """
+    first, last = group[0], group[-1]
+    if len(last.out_shape) < 2:
         return None
-    first, second = record.shapes[0], record.shapes[1]
-    leading = math.prod(first[:-2])
-    if record.op in ATTENTION_OPS:
-        # q: [b, h, n, d], k: [b, g, m, d]
-        return first[-2], second[-2], leading
-    # QK^T: [.., n, d] @ [.., d, m]; the first core product of a layer is QK^T.
-    return first[-2], second[-1], leading
+    queries, leading = last.out_shape[-2], math.prod(last.out_shape[:-2])
+    if first.op in ATTENTION_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
+        keys = first.shapes[1][-2]
+    elif len(first.out_shape) >= 2:
+        keys = first.out_shape[-1]
+    else:
+        keys = queries
+    return queries, keys, leading
 
 
 def split(records: Iterable[OpRecord], roles: Mapping[str, str]) -> Split:
     """Sum the records by role."""
     result = Split()
     seen_modules: dict[str, None] = {}
+    groups: list[tuple[str, list[OpRecord]]] = []
     for record in records:
         role = role_of(record.scope, roles)
         if record.op in ATTENTION_OPS:
@@ -157,13 +165,20 @@ def split(records: Iterable[OpRecord], roles: Mapping[str, str]) -> Split:
         else:
             bucket = "other"
         setattr(result, bucket, getattr(result, bucket) + record.macs)
-        if bucket == "attention_core":
-            lengths = _lengths(record)
-            if lengths is not None:
-                result.lengths.append(lengths)
+        root = _attention_root(record.scope, roles) if role == "attention" else record.scope
         if role == "attention":
-            seen_modules.setdefault(_attention_root(record.scope, roles), None)
+            seen_modules.setdefault(root, None)
+        if bucket == "attention_core":
+            # consecutive core ops of one module call form a group (QK^T then AV)
+            if groups and groups[-1][0] == root and record.op not in ATTENTION_OPS:
+                groups[-1][1].append(record)
+            else:
+                groups.append((root, [record]))
     result.attention_modules = list(seen_modules)
+    for _, group in groups:
+        lengths = _lengths(group)
+        if lengths is not None:
+            result.lengths.append(lengths)
     return result
 
 
