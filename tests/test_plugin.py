@@ -373,3 +373,22 @@ def test_xdist_matches_serial(project):
         return [line for line in lines[start + 1:] if line.startswith("test_suite.py")]
 
     assert table(serial) == table(parallel) and len(table(serial)) == 3
+
+
+def test_warnings_as_errors(project):
+    # The plugin's own imports and traces raise nothing under -W error; the user's warnings still do.
+    project.makepyfile("""
+        import warnings
+        import pytest
+        from tiny_models import bert_like
+
+        @pytest.mark.attncost(n=64, attention_share_max=0.9)
+        def test_clean(attncost):
+            attncost.profile(bert_like)
+
+        def test_user_warning(attncost):
+            warnings.warn("from the user's code", UserWarning)
+    """)
+    result = project.runpytest_subprocess("-W", "error")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*UserWarning: from the user's code*"])
