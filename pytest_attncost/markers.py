@@ -22,7 +22,7 @@ MARKER_HELP = (
     "(a list parametrizes the test, one item per length) and fail the test when a profile "
     "breaks a bound: attention_share_max, attention_share_min, quadratic_share_max, "
     "total_max, attention_max, ffn_max (MACs, or strings such as '45 GMAC' / '90 GFLOP'), "
-    "formula_rtol, linear_saving_max."
+    "formula_rtol, linear_saving_max, max_increase (percent over the --attncost-compare baseline)."
 )
 
 NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
@@ -46,6 +46,7 @@ class Bounds:
     ffn_max: Fraction | None = None
     formula_rtol: float | None = None
     linear_saving_max: float | None = None
+    max_increase: float | None = None  # percent over the baseline
 
     @property
     def has_bounds(self) -> bool:
@@ -122,6 +123,11 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
             values[name] = _count(name, kwargs[name])
     if "formula_rtol" in kwargs:
         values["formula_rtol"] = _rtol("formula_rtol", kwargs["formula_rtol"])
+    if "max_increase" in kwargs:
+        value = kwargs["max_increase"]
+        if not _is_number(value) or not math.isfinite(value) or value < 0:
+            raise MarkerError(f"max_increase must be a finite percentage >= 0 such as 2.5, got {value!r}")
+        values["max_increase"] = float(value)
     bounds = Bounds(**values)
     low, high = bounds.attention_share_min, bounds.attention_share_max
     if low is not None and high is not None and low > high:

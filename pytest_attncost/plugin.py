@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 BOUNDS_KEY = pytest.StashKey[Bounds]()
 PROFILES_KEY = pytest.StashKey[list["Profile"]]()
-ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
+BASELINE_KEY = pytest.StashKey["Baselines"]()
 
 USER_PROPERTY = "attncost"
 LENGTH_ARG = "attncost_n"
@@ -36,6 +37,11 @@ _UNIT_HELP = "Unit of the counts in reports: mac (default) or flop (1 MAC = 2 FL
 _STRICT_HELP = "Fail a test whose profile skipped a matrix-multiplying op that fvcore cannot count."
 _JSON_HELP = "Write every profile of the session to this JSON file (versioned schema)."
 _MARKDOWN_HELP = "Write the report as a Markdown table to this file."
+_SAVE_HELP = "Save every profile of the run to this JSON baseline (merged with what it holds)."
+_PRUNE_HELP = "With --attncost-save: drop baseline entries of tests this run did not see."
+_COMPARE_HELP = "Compare every profile with this JSON baseline; a regression fails its test."
+_INCREASE_HELP = "Allowed growth over the baseline, in percent (default 0: any increase fails)."
+_COMPARE_STRICT_HELP = "Fail the session when baseline entries were not seen in this run."
 
 STRICT_MESSAGE = "fvcore skipped {ops}: these ops multiply matrices, so the count is short (--attncost-strict)"
 
@@ -49,6 +55,11 @@ class Settings:
     strict: bool = False
     json_path: Path | None = None
     markdown_path: Path | None = None
+    save_path: Path | None = None
+    save_prune: bool = False
+    compare_path: Path | None = None
+    max_increase: float = 0.0
+    compare_strict: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -65,27 +76,76 @@ class Settings:
                 )
         json_path = _report_path(config, "attncost_json", "--attncost-json")
         markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown")
-        if json_path is not None and markdown_path is not None and json_path == markdown_path:
-            raise pytest.UsageError(
-                f"--attncost-json and --attncost-markdown name the same file {json_path}: give them different paths"
-            )
+        save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save")
+        compare_path = _path_value(config, "attncost_compare", "attncost_compare")
+        named = {"--attncost-json": json_path, "--attncost-markdown": markdown_path,
+                 "--attncost-save": save_path, "--attncost-compare": compare_path}
+        seen: dict[Path, str] = {}
+        for option, path in named.items():
+            if path is None:
+                continue
+            if path in seen:
+                raise pytest.UsageError(
+                    f"{seen[path]} and {option} name the same file {path}: give them different paths"
+                )
+            seen[path] = option
+        raw_increase = config.getoption("attncost_max_increase")
+        if raw_increase is None:
+            text = str(config.getini("attncost_max_increase")).strip() or "0"
+            try:
+                raw_increase = _percent(text)
+            except ValueError:
+                raise pytest.UsageError(
+                    f"attncost_max_increase = {text!r} in the ini file: expected a percentage such as 2.5"
+                ) from None
+        if config.getoption("attncost_save_prune") and save_path is None:
+            raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
         return cls(
             report=flag("attncost_report", "attncost_report"),
             unit=unit,
             strict=flag("attncost_strict", "attncost_strict"),
             json_path=json_path,
             markdown_path=markdown_path,
+            save_path=save_path,
+            save_prune=bool(config.getoption("attncost_save_prune")),
+            compare_path=compare_path,
+            max_increase=raw_increase,
+            compare_strict=flag("attncost_compare_strict", "attncost_compare_strict"),
         )
 
 
-def _report_path(config: pytest.Config, dest: str, option: str) -> Path | None:
-    """A report path, checked before any test runs: a lost report after a long run helps no one."""
+def _path_value(config: pytest.Config, dest: str, ini: str | None) -> Path | None:
     value = config.getoption(dest)
+    if not value and ini is not None:
+        value = str(config.getini(ini)).strip()
+        if value:
+            return Path(config.rootpath) / value if not Path(value).is_absolute() else Path(value)
     if not value:
         return None
     path = Path(value)
-    if not path.is_absolute():
-        path = Path(config.invocation_params.dir) / path
+    return path if path.is_absolute() else Path(config.invocation_params.dir) / path
+
+
+def _percent(text: str) -> float:
+    value = float(text.strip().rstrip("%"))
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _percent_arg(text: str) -> float:
+    try:
+        return _percent(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}") from None
+
+
+def _report_path(config: pytest.Config, dest: str, option: str, ini: str | None = None) -> Path | None:
+    """A report path, checked before any test runs: a lost report after a long run helps no one."""
+    path = _path_value(config, dest, ini)
+    if path is None:
+        return None
+    value = config.getoption(dest) or str(path)
     if path.is_dir():
         raise pytest.UsageError(f"{option}={value}: is a directory; give a file path such as {value}/attncost.json")
     parent = path.parent
@@ -114,7 +174,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attncost-strict", action="store_true", default=None, help=_STRICT_HELP)
     group.addoption("--attncost-json", metavar="PATH", default=None, help=_JSON_HELP)
     group.addoption("--attncost-markdown", metavar="PATH", default=None, help=_MARKDOWN_HELP)
+    group.addoption("--attncost-save", metavar="PATH", default=None, help=_SAVE_HELP)
+    group.addoption("--attncost-save-prune", action="store_true", default=False, help=_PRUNE_HELP)
+    group.addoption("--attncost-compare", metavar="PATH", default=None, help=_COMPARE_HELP)
+    group.addoption("--attncost-max-increase", metavar="PCT", type=_percent_arg, default=None, help=_INCREASE_HELP)
+    group.addoption("--attncost-compare-strict", action="store_true", default=None, help=_COMPARE_STRICT_HELP)
     parser.addini("attncost_report", _REPORT_HELP, type="bool", default=False)
+    parser.addini("attncost_save", _SAVE_HELP, default="")
+    parser.addini("attncost_compare", _COMPARE_HELP, default="")
+    parser.addini("attncost_max_increase", _INCREASE_HELP, default="0")
+    parser.addini("attncost_compare_strict", _COMPARE_STRICT_HELP, type="bool", default=False)
     parser.addini("attncost_unit", _UNIT_HELP, default="mac")
     parser.addini("attncost_strict", _STRICT_HELP, type="bool", default=False)
 
@@ -126,8 +195,49 @@ def _is_worker(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     """Start-up: register the marker, resolve the settings, start the session collector."""
     config.addinivalue_line("markers", MARKER_HELP)
-    config.stash[SETTINGS_KEY] = Settings.from_config(config)
+    settings = Settings.from_config(config)
+    config.stash[SETTINGS_KEY] = settings
+    config.stash[BASELINE_KEY] = _load_baselines(config, settings)
     config.pluginmanager.register(AttncostSession(config), "attncost-session")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistHooks(), "attncost-xdist")
+
+
+@dataclass
+class Baselines:
+    """The --attncost-compare baseline and the --attncost-save file's current entries."""
+
+    compare: dict[tuple[str, str, int, int], dict[str, Any]] | None = None
+    compare_versions: dict[str, str] | None = None
+    existing: dict[tuple[str, str, int, int], dict[str, Any]] | None = None
+
+
+def _load_baselines(config: pytest.Config, settings: Settings) -> Baselines:
+    """Controller: read and validate once; workers get the compare entries through workerinput."""
+    from .baseline import BaselineError, entry_key, load
+
+    if _is_worker(config):
+        shipped = config.workerinput.get("attncost_baseline")  # type: ignore[attr-defined]
+        if shipped is None:
+            return Baselines()
+        return Baselines(compare={entry_key(row): row for row in shipped})
+    result = Baselines()
+    try:
+        if settings.compare_path is not None:
+            result.compare, result.compare_versions = load(settings.compare_path)
+        if settings.save_path is not None and settings.save_path.exists():
+            result.existing, _ = load(settings.save_path)
+    except BaselineError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return result
+
+
+class _XdistHooks:
+    def pytest_configure_node(self, node: Any) -> None:
+        """Controller: hand each worker the baseline it already validated."""
+        baselines = node.config.stash[BASELINE_KEY]
+        if baselines.compare is not None:
+            node.workerinput["attncost_baseline"] = list(baselines.compare.values())
 
 
 # --- marker ------------------------------------------------------------------------------
@@ -238,7 +348,11 @@ def attncost(request: pytest.FixtureRequest, attncost_n: int | None) -> Attncost
 
 
 def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any]], list[str]]:
+    from .baseline import compare, entry_key
+
     bounds = item.stash.get(BOUNDS_KEY, None)
+    baseline = item.config.stash[BASELINE_KEY].compare
+    allowed = bounds.max_increase if bounds is not None and bounds.max_increase is not None else settings.max_increase
     rows, problems = [], []
     profiles = item.stash.get(PROFILES_KEY, [])
     for result in profiles:
@@ -249,8 +363,16 @@ def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any
             ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
             found.append(STRICT_MESSAGE.format(ops=ops))
         row["test_id"] = item.nodeid
+        if baseline is not None:
+            entry = baseline.get(entry_key(row))
+            if entry is None:
+                row["vs_baseline"] = "new"
+            else:
+                regressions, row["vs_baseline"] = compare(entry, row, allowed)
+                found += [str(r) for r in regressions]
         row["problems"] = found
-        row["verdict"] = "FAIL" if found else ("ok" if bounds is not None and bounds.has_bounds else "-")
+        checked = (bounds is not None and bounds.has_bounds) or row.get("vs_baseline", "new") != "new"
+        row["verdict"] = "FAIL" if found else ("ok" if checked else "-")
         prefix = f"{result.name}: " if len(profiles) > 1 else ""
         problems += [prefix + p for p in found]
         rows.append(row)
@@ -318,12 +440,30 @@ class AttncostSession:
     def wanted(self) -> bool:
         return self.settings.report or self.settings.json_path is not None or self.settings.markdown_path is not None
 
+    def missing(self) -> list[tuple[str, str, int, int]]:
+        """Baseline entries that no profile of this run matched."""
+        compared = self.config.stash[BASELINE_KEY].compare
+        if compared is None:
+            return []
+        from .baseline import entry_key
+
+        seen = {entry_key(row) for row in self.rows.values()}
+        return sorted(key for key in compared if key not in seen)
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """End of the run, before the summary: write the report files (controller only)."""
+        """End of the run, before the summary: save the baseline, write the report files (controller only)."""
         if _is_worker(self.config):
             return
         rows = self.final_rows()
         unit = self.settings.unit
+        if self.settings.save_path is not None:
+            from .baseline import merge, render_baseline
+
+            existing = self.config.stash[BASELINE_KEY].existing or {}
+            keep = set(self.outcomes) if self.settings.save_prune else None
+            write_atomic(self.settings.save_path, render_baseline(merge(existing, rows, keep)))
+        if self.settings.compare_strict and self.missing() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.json_path is not None:
             write_atomic(self.settings.json_path, render_json(rows, unit))
         markdown = None
@@ -335,8 +475,11 @@ class AttncostSession:
             append_once(Path(summary), markdown or render_markdown(rows, unit))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """End of the run: print the table when asked for."""
-        if _is_worker(self.config) or not self.settings.report:
+        """End of the run: baseline notes, then the table when asked for."""
+        if _is_worker(self.config):
+            return
+        self._baseline_summary(terminalreporter)
+        if not self.settings.report:
             return
         unit = self.settings.unit
         terminalreporter.write_sep("=", f"attncost report (counts in {unit.upper()})")
@@ -345,3 +488,26 @@ class AttncostSession:
         for label, path in (("json", self.settings.json_path), ("markdown", self.settings.markdown_path)):
             if path is not None:
                 terminalreporter.write_line(f"attncost {label} written to {path}")
+
+    def _baseline_summary(self, terminalreporter: Any) -> None:
+        baselines = self.config.stash[BASELINE_KEY]
+        if baselines.compare is None:
+            return
+        from .reporting import versions
+
+        lines = []
+        now = versions()
+        drift = [f"{name} {old} -> {now.get(name, 'absent')}" for name, old in sorted((baselines.compare_versions or {}).items())
+                 if name in ("torch", "fvcore", "pytest-attncost") and now.get(name) != old]
+        if drift:
+            lines.append(f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ")
+        new = sorted({(r["test_id"], r["name"], r["n"], r["batch"]) for r in self.rows.values() if r.get("vs_baseline") == "new"})
+        lines += [f"new (not in the baseline): {t} [{name} n={n} batch={b}]" for t, name, n, b in new]
+        missing = self.missing()
+        strict = " (fails the run: --attncost-compare-strict)" if self.settings.compare_strict else ""
+        lines += [f"missing (in the baseline, not seen in this run){strict}: {t} [{name} n={n} batch={b}]"
+                  for t, name, n, b in missing]
+        if lines:
+            terminalreporter.write_sep("-", f"attncost baseline {self.settings.compare_path}")
+            for line in lines:
+                terminalreporter.write_line(line)

@@ -44,7 +44,12 @@ def _deviation(value: float | None) -> str:
     return "0" if value == 0 else f"{value:.2%}"
 
 
-def _cells(row: Row, unit: str) -> list[str]:
+def _has_baseline(rows: Sequence[Row]) -> bool:
+    return any("vs_baseline" in row for row in rows)
+
+
+def _cells(row: Row, unit: str, baseline: bool = False) -> list[str]:
+    extra = [row.get("vs_baseline", "-")] if baseline else []
     return [
         row["test_id"],
         row["name"],
@@ -58,13 +63,17 @@ def _cells(row: Row, unit: str) -> list[str]:
         f"{row['quadratic_share']:.3f}",
         _deviation(row["deviation"]),
         _percent(row["linear_attention_saving"]),
+        *extra,
         row.get("verdict", "-"),
     ]
 
 
-def _headers(unit: str) -> list[str]:
+def _headers(unit: str, baseline: bool = False) -> list[str]:
     label = unit.upper()
-    return [f"{c} [{label}]" if c in ("total", "attention", "FFN", "other") else c for c in _COLUMNS]
+    columns = [f"{c} [{label}]" if c in ("total", "attention", "FFN", "other") else c for c in _COLUMNS]
+    if baseline:
+        columns.insert(len(columns) - 1, "vs baseline")
+    return columns
 
 
 def _spec_text(spec: Mapping[str, Any]) -> str:
@@ -108,7 +117,7 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
 
 def _table(headers: list[str], body: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
-    numeric = set(range(2, 12))
+    numeric = set(range(2, len(headers) - 1))
 
     def line(cells: list[str]) -> str:
         out = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
@@ -122,7 +131,8 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac") -> list[str]:
     rows = sort_rows(rows)
     if not rows:
         return ["no profiles were made in this session"]
-    lines = _table(_headers(unit), [_cells(r, unit) for r in rows])
+    baseline = _has_baseline(rows)
+    lines = _table(_headers(unit, baseline), [_cells(r, unit, baseline) for r in rows])
     lines.append(f"counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 1e9); "
                  "shares are of attention + FFN; deviation is the largest relative difference from the formula")
     thresholds = threshold_lines(rows)
@@ -146,11 +156,13 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac") -> str:
     out = ["## attncost report", ""]
     if not rows:
         return "\n".join([*out, "No profiles were made in this session.", ""])
-    headers = _headers(unit)
+    baseline = _has_baseline(rows)
+    headers = _headers(unit, baseline)
     out.append("| " + " | ".join(headers) + " |")
-    out.append("|" + "|".join("---" if i in (0, 1, 12) else "---:" for i in range(len(headers))) + "|")
+    last = len(headers) - 1
+    out.append("|" + "|".join("---" if i in (0, 1, last) else "---:" for i in range(len(headers))) + "|")
     for row in rows:
-        cells = [c.replace("|", "\\|") for c in _cells(row, unit)]
+        cells = [c.replace("|", "\\|") for c in _cells(row, unit, baseline)]
         cells[0] = f"`{cells[0]}`"
         out.append("| " + " | ".join(cells) + " |")
     out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹)."]

@@ -1,0 +1,203 @@
+"""Baselines: save, compare, merge, and every way a baseline file can be bad."""
+
+import json
+
+import pytest
+
+from pytest_attncost import baseline as baseline_mod
+from pytest_attncost.reporting import write_atomic
+
+SUITE = """
+import os
+import pytest
+from tiny_models import bert_like, torch_encoder
+
+LAYERS = int(os.environ.get("BERT_LAYERS", "2"))
+
+@pytest.mark.attncost(n=128)
+def test_bert(attncost):
+    attncost.profile(lambda: bert_like(layers=LAYERS))
+
+@pytest.mark.attncost(n=64)
+def test_encoder(attncost):
+    attncost.profile(torch_encoder)
+"""
+
+
+@pytest.fixture
+def suite(project):
+    project.makepyfile(test_suite=SUITE)
+    return project
+
+
+def test_save_then_compare_passes(suite):
+    suite.runpytest("--attncost-save=base.json").assert_outcomes(passed=2)
+    result = suite.runpytest("--attncost-compare=base.json", "--attncost-report")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*vs baseline*", "test_suite.py::test_bert * = * ok"])
+
+
+def test_grown_model_fails_exactly_its_test(suite, monkeypatch):
+    suite.runpytest("--attncost-save=base.json").assert_outcomes(passed=2)
+    monkeypatch.setenv("BERT_LAYERS", "3")
+    result = suite.runpytest("--attncost-compare=base.json")
+    result.assert_outcomes(passed=1, failed=1)
+    # one layer more: each layer part grows by half (2 -> 3 layers)
+    result.stdout.fnmatch_lines([
+        "*_ test_bert _*",
+        "  total 59,146,240 → 88,670,208 MAC (+49.9%) over the baseline (max_increase 0%)",
+        "  attention_core 8,388,608 → 12,582,912 MAC (+50.0%) over the baseline (max_increase 0%)",
+        "  attention_proj 16,777,216 → 25,165,824 MAC (+50.0%) over the baseline (max_increase 0%)",
+        "  ffn 33,554,432 → 50,331,648 MAC (+50.0%) over the baseline (max_increase 0%)",
+        "  other 425,984 → 589,824 MAC (+38.5%) over the baseline (max_increase 0%)",
+        "FAILED test_suite.py::test_bert*",
+    ])
+    result.stdout.no_fnmatch_line("FAILED test_suite.py::test_encoder*")
+
+
+@pytest.mark.parametrize(("args", "outcome"), [(["--attncost-max-increase=60"], "passed"),
+                                               (["--attncost-max-increase=40"], "failed")])
+def test_threshold_lets_small_growth_pass(suite, monkeypatch, args, outcome):
+    suite.runpytest("--attncost-save=base.json")
+    monkeypatch.setenv("BERT_LAYERS", "3")
+    result = suite.runpytest("--attncost-compare=base.json", *args)
+    result.assert_outcomes(**({"passed": 2} if outcome == "passed" else {"passed": 1, "failed": 1}))
+
+
+def test_marker_max_increase_overrides(suite, monkeypatch):
+    suite.runpytest("--attncost-save=base.json")
+    monkeypatch.setenv("BERT_LAYERS", "3")
+    suite.makepyfile(test_suite=SUITE.replace("@pytest.mark.attncost(n=128)",
+                                              "@pytest.mark.attncost(n=128, max_increase=55)"))
+    suite.runpytest("--attncost-compare=base.json").assert_outcomes(passed=2)
+
+
+def test_decrease_is_reported_not_failed(suite, monkeypatch):
+    monkeypatch.setenv("BERT_LAYERS", "3")
+    suite.runpytest("--attncost-save=base.json")
+    monkeypatch.setenv("BERT_LAYERS", "2")
+    result = suite.runpytest("--attncost-compare=base.json", "--attncost-report")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["test_suite.py::test_bert * -33.30% * ok"])
+
+
+def test_new_and_missing_entries(suite):
+    suite.runpytest("--attncost-save=base.json", "-k", "bert")
+    result = suite.runpytest("--attncost-compare=base.json", "-k", "encoder")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*new (not in the baseline): test_suite.py::test_encoder [[]TransformerEncoder n=64 batch=1[]]",
+        "*missing (in the baseline, not seen in this run): test_suite.py::test_bert [[]BertModel n=128 batch=1[]]",
+    ])
+    assert result.ret == pytest.ExitCode.OK
+    strict = suite.runpytest("--attncost-compare=base.json", "-k", "encoder", "--attncost-compare-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_save_merges_and_prunes(suite):
+    suite.runpytest("--attncost-save=base.json")
+    suite.runpytest("--attncost-save=base.json", "-k", "encoder")
+    tests = sorted(r["test_id"] for r in json.loads((suite.path / "base.json").read_text())["profiles"])
+    assert tests == ["test_suite.py::test_bert", "test_suite.py::test_encoder"]
+    suite.runpytest("--attncost-save=base.json", "--attncost-save-prune", "-k", "encoder")
+    tests = [r["test_id"] for r in json.loads((suite.path / "base.json").read_text())["profiles"]]
+    assert tests == ["test_suite.py::test_encoder"]
+
+
+def test_unchanged_resave_is_byte_identical(suite):
+    suite.runpytest("--attncost-save=base.json")
+    first = (suite.path / "base.json").read_bytes()
+    suite.runpytest("--attncost-save=base.json")
+    assert (suite.path / "base.json").read_bytes() == first
+    document = json.loads(first)
+    assert document["schema"] == 1 and document["unit"] == "MAC" and "torch" in document["versions"]
+
+
+def test_json_report_serves_as_baseline(suite):
+    suite.runpytest("--attncost-json=report.json")
+    suite.runpytest("--attncost-compare=report.json").assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "baseline * is empty; fix or delete it*"),
+        ('{"schema": 1, "unit": "MAC", "profiles": [', "baseline * is not valid JSON (truncated or corrupt?)*"),
+        ("not json at all", "baseline * is not valid JSON*"),
+        ('{"schema": 99, "unit": "MAC", "profiles": []}', "baseline * has schema 99; this pytest-attncost reads schema 1*"),
+        ('{"benchmarks": []}', "baseline * is not an attncost baseline*"),
+        ('{"schema": 1, "unit": "MAC", "profiles": [{"test_id": "x"}]}', "baseline *: profile #0 has no valid 'name'*"),
+        ('{"schema": 1, "unit": "MAC", "profiles": [], "x": NaN}', "baseline * is not valid JSON*NaN is not a count*"),
+    ],
+)
+def test_bad_baselines_are_usage_errors(suite, content, message):
+    path = suite.path / "base.json"
+    path.write_text(content)
+    for option in ("--attncost-compare=base.json", "--attncost-save=base.json"):
+        result = suite.runpytest(option)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*{message}"])
+        assert path.read_text() == content  # nothing the user had is changed
+
+
+def test_missing_and_conflicting_options(suite):
+    result = suite.runpytest("--attncost-compare=nope.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*baseline */nope.json does not exist; create it with --attncost-save=*"])
+    result = suite.runpytest("--attncost-compare=b.json", "--attncost-save=b.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--attncost-save and --attncost-compare name the same file*"])
+    result = suite.runpytest("--attncost-max-increase=lots")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--attncost-max-increase: expected a percentage >= 0 such as 2.5, got 'lots'*"])
+
+
+def test_dev_null_and_huge_baselines(tmp_path, monkeypatch):
+    link = tmp_path / "null.json"
+    link.symlink_to("/dev/null")
+    with pytest.raises(baseline_mod.BaselineError, match="is empty"):
+        baseline_mod.load(link)
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as handle:
+        handle.truncate(baseline_mod.MAX_BYTES + 1)
+    with pytest.raises(baseline_mod.BaselineError, match="over the 67,108,864-byte limit"):
+        baseline_mod.load(huge)
+
+
+def test_interrupted_save_leaves_previous_baseline(tmp_path, monkeypatch):
+    path = tmp_path / "base.json"
+    path.write_text("previous")
+
+    def interrupted(self, *args, **kwargs):
+        with open(self, "w") as handle:
+            handle.write('{"half": ')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(path), "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(path, '{"schema": 1}')
+    monkeypatch.undo()
+    assert path.read_text() == "previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["base.json"]  # no temp file left behind
+
+
+def test_regression_message():
+    regression = baseline_mod.Regression("ffn", 1_207_959_552, 1_509_949_440, 0.0)
+    assert str(regression) == "ffn 1,207,959,552 → 1,509,949,440 MAC (+25.0%) over the baseline (max_increase 0%)"
+
+
+def test_xdist_gives_the_same_verdicts(suite, monkeypatch):
+    pytest.importorskip("xdist")
+    suite.runpytest("--attncost-save=base.json")
+    monkeypatch.setenv("BERT_LAYERS", "3")
+    serial = suite.runpytest("--attncost-compare=base.json", "--attncost-json=serial.json")
+    parallel = suite.runpytest_subprocess("-n", "2", "--attncost-compare=base.json", "--attncost-json=parallel.json")
+    serial.assert_outcomes(passed=1, failed=1)
+    parallel.assert_outcomes(passed=1, failed=1)
+    parallel.stdout.fnmatch_lines(["*attention_core 8,388,608 → 12,582,912 MAC (+50.0%)*"])
+
+    def verdicts(name):
+        rows = json.loads((suite.path / name).read_text())["profiles"]
+        return [(r["test_id"], r["verdict"], r["vs_baseline"], r["problems"]) for r in rows]
+
+    assert verdicts("serial.json") == verdicts("parallel.json")
