@@ -17,8 +17,9 @@ from . import roles as roles_mod
 from .counting import ATTENTION_OPS, CountError, count_forward, meta_twin, to_meta
 from .formulas import ModelSpec
 from .result import Profile
+from .sweep import Sweep
 
-__all__ = ["ProfileError", "profile", "spec_of"]
+__all__ = ["ProfileError", "profile", "spec_of", "sweep"]
 
 Inputs = Union[tuple[Any, ...], list[Any], dict[str, Any], torch.Tensor, Callable[[int, int], Any]]
 
@@ -295,3 +296,28 @@ def profile(
         unsupported_ops=dict(sorted(raw.unsupported_ops.items())),
         by_module=raw.by_module,
     )
+
+
+def sweep(
+    model: nn.Module | Callable[[], nn.Module],
+    ns: Any,
+    **profile_kwargs: Any,
+) -> Sweep:
+    """Profile *model* at every length in *ns*; the :class:`Sweep` solves the thresholds exactly.
+
+    A factory is built once (on the meta device) and counted at each length.
+
+    Raises:
+        ProfileError: bad lengths, or any error :func:`profile` raises.
+    """
+    if isinstance(ns, (str, bytes)) or not hasattr(ns, "__iter__"):
+        raise ProfileError(f"ns must be a list of lengths such as [512, 1024, 4096], got {ns!r}")
+    lengths = [_positive("every n", n) for n in ns]
+    if len(set(lengths)) != len(lengths) or not lengths:
+        raise ProfileError(f"ns must hold distinct lengths, got {list(ns)!r}")
+    if "n" in profile_kwargs:
+        raise ProfileError("sweep() takes the lengths as ns=[...], not n=")
+    target = _resolve_model(model)
+    if profile_kwargs.get("name") is None:
+        profile_kwargs["name"] = type(target).__name__
+    return Sweep([profile(target, n, **profile_kwargs) for n in lengths])

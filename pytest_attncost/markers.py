@@ -22,7 +22,8 @@ MARKER_HELP = (
     "(a list parametrizes the test, one item per length) and fail the test when a profile "
     "breaks a bound: attention_share_max, attention_share_min, quadratic_share_max, "
     "total_max, attention_max, ffn_max (MACs, or strings such as '45 GMAC' / '90 GFLOP'), "
-    "formula_rtol, linear_saving_max, max_increase (percent over the --attncost-compare baseline)."
+    "formula_rtol, linear_saving_max, max_increase (percent over the --attncost-compare baseline), "
+    "crossover_min, crossover_max, crossover_rtol (checked on attncost.sweep() results)."
 )
 
 NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
@@ -47,12 +48,19 @@ class Bounds:
     formula_rtol: float | None = None
     linear_saving_max: float | None = None
     max_increase: float | None = None  # percent over the baseline
+    crossover_min: float | None = None  # tokens, measured by sweeps
+    crossover_max: float | None = None
+    crossover_rtol: float | None = None
 
     @property
     def has_bounds(self) -> bool:
         return any(
             getattr(self, f.name) is not None for f in dataclasses.fields(self) if f.name not in ("lengths", "batch")
         )
+
+    @property
+    def has_sweep_bounds(self) -> bool:
+        return any(v is not None for v in (self.crossover_min, self.crossover_max, self.crossover_rtol))
 
 
 _SHARES = ("attention_share_max", "attention_share_min", "quadratic_share_max", "linear_saving_max")
@@ -128,7 +136,17 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
         if not _is_number(value) or not math.isfinite(value) or value < 0:
             raise MarkerError(f"max_increase must be a finite percentage >= 0 such as 2.5, got {value!r}")
         values["max_increase"] = float(value)
+    for name in ("crossover_min", "crossover_max"):
+        if name in kwargs:
+            value = kwargs[name]
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise MarkerError(f"{name} must be a positive number of tokens, got {value!r}")
+            values[name] = float(value)
+    if "crossover_rtol" in kwargs:
+        values["crossover_rtol"] = _rtol("crossover_rtol", kwargs["crossover_rtol"])
     bounds = Bounds(**values)
+    if bounds.crossover_min is not None and bounds.crossover_max is not None and bounds.crossover_min > bounds.crossover_max:
+        raise MarkerError(f"crossover_min {bounds.crossover_min:g} > crossover_max {bounds.crossover_max:g}: no sweep can pass")
     low, high = bounds.attention_share_min, bounds.attention_share_max
     if low is not None and high is not None and low > high:
         raise MarkerError(f"attention_share_min {low} > attention_share_max {high}: no share can pass")
@@ -244,3 +262,40 @@ def check_bounds(bounds: Bounds, data: Mapping[str, Any], unit: str = "mac") -> 
 
 def _exact(value: Fraction) -> str:
     return f"{value.numerator:,}" if value.denominator == 1 else f"{float(value):,.1f}"
+
+
+NO_SWEEP = "crossover bounds need a sweep: call attncost.sweep(model, [n1, n2, ...]) in the test body"
+
+
+def _tokens(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+def check_sweep(bounds: Bounds, data: Mapping[str, Any]) -> list[str]:
+    """Every crossover bound this sweep (a ``Sweep.to_dict()``) breaks."""
+    if not bounds.has_sweep_bounds:
+        return []
+    name = data["name"]
+    if data.get("error"):
+        return [f"sweep of {name}: {data['error']}"]
+    measured, formula = data["crossover_n"], data["formula_crossover_n"]
+    note = "no formula" if formula is None else f"formula {_tokens(formula)}"
+    where = f"(sweep of {name} over n={data['lengths']}; {note})"
+    problems = []
+    if measured is None:
+        if bounds.crossover_min is not None or bounds.crossover_max is not None or bounds.crossover_rtol is not None:
+            problems.append(f"no crossover: attention never equals the FFN {where}")
+        return problems
+    if bounds.crossover_min is not None and measured < bounds.crossover_min:
+        problems.append(f"crossover n={_tokens(measured)} < crossover_min {_tokens(bounds.crossover_min)} {where}")
+    if bounds.crossover_max is not None and measured > bounds.crossover_max:
+        problems.append(f"crossover n={_tokens(measured)} > crossover_max {_tokens(bounds.crossover_max)} {where}")
+    if bounds.crossover_rtol is not None:
+        if formula is None:
+            problems.append(f"crossover_rtol needs the model's shape: pass spec=ModelSpec(...) {where}")
+        elif abs(measured - formula) > bounds.crossover_rtol * formula:
+            problems.append(
+                f"crossover n={_tokens(measured)} deviates {abs(measured - formula) / formula:.2%} from the "
+                f"formula's {_tokens(formula)} (crossover_rtol {bounds.crossover_rtol}) {where}"
+            )
+    return problems

@@ -17,19 +17,32 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .markers import MARKER_HELP, NO_PROFILE, Bounds, MarkerError, check_bounds, merged_kwargs, parse_marker_kwargs
+from .markers import (
+    MARKER_HELP,
+    NO_PROFILE,
+    NO_SWEEP,
+    Bounds,
+    MarkerError,
+    check_bounds,
+    check_sweep,
+    merged_kwargs,
+    parse_marker_kwargs,
+)
 from .reporting import append_once, render_json, render_markdown, render_terminal, write_atomic
 from .units import UNITS
 
 if TYPE_CHECKING:
     from .result import Profile
+    from .sweep import Sweep
 
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 BOUNDS_KEY = pytest.StashKey[Bounds]()
 PROFILES_KEY = pytest.StashKey[list["Profile"]]()
+SWEEPS_KEY = pytest.StashKey[list["Sweep"]]()
 BASELINE_KEY = pytest.StashKey["Baselines"]()
 
 USER_PROPERTY = "attncost"
+SWEEP_PROPERTY = "attncost_sweep"
 LENGTH_ARG = "attncost_n"
 
 _REPORT_HELP = "Print the attncost table (one row per profile) at the end of the session."
@@ -42,6 +55,7 @@ _PRUNE_HELP = "With --attncost-save: drop baseline entries of tests this run did
 _COMPARE_HELP = "Compare every profile with this JSON baseline; a regression fails its test."
 _INCREASE_HELP = "Allowed growth over the baseline, in percent (default 0: any increase fails)."
 _COMPARE_STRICT_HELP = "Fail the session when baseline entries were not seen in this run."
+_PLOT_HELP = "Write PNG and SVG plots of every attncost.sweep() to this directory (needs matplotlib)."
 
 STRICT_MESSAGE = "fvcore skipped {ops}: these ops multiply matrices, so the count is short (--attncost-strict)"
 
@@ -60,6 +74,7 @@ class Settings:
     compare_path: Path | None = None
     max_increase: float = 0.0
     compare_strict: bool = False
+    plot_dir: Path | None = None
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -98,6 +113,20 @@ class Settings:
                 raise pytest.UsageError(
                     f"attncost_max_increase = {text!r} in the ini file: expected a percentage such as 2.5"
                 ) from None
+        plot_dir = _path_value(config, "attncost_plot", None)
+        if plot_dir is not None:
+            if plot_dir.exists() and not plot_dir.is_dir():
+                raise pytest.UsageError(f"--attncost-plot={plot_dir}: is a file; give a directory")
+            if not plot_dir.parent.is_dir():
+                raise pytest.UsageError(
+                    f"--attncost-plot={plot_dir}: directory {plot_dir.parent} does not exist; create it first"
+                )
+            from .plots import require_matplotlib
+
+            try:
+                require_matplotlib()
+            except ImportError as exc:
+                raise pytest.UsageError(str(exc)) from None
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
         return cls(
@@ -111,6 +140,7 @@ class Settings:
             compare_path=compare_path,
             max_increase=raw_increase,
             compare_strict=flag("attncost_compare_strict", "attncost_compare_strict"),
+            plot_dir=plot_dir,
         )
 
 
@@ -179,6 +209,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attncost-compare", metavar="PATH", default=None, help=_COMPARE_HELP)
     group.addoption("--attncost-max-increase", metavar="PCT", type=_percent_arg, default=None, help=_INCREASE_HELP)
     group.addoption("--attncost-compare-strict", action="store_true", default=None, help=_COMPARE_STRICT_HELP)
+    group.addoption("--attncost-plot", metavar="DIR", default=None, help=_PLOT_HELP)
     parser.addini("attncost_report", _REPORT_HELP, type="bool", default=False)
     parser.addini("attncost_save", _SAVE_HELP, default="")
     parser.addini("attncost_compare", _COMPARE_HELP, default="")
@@ -330,6 +361,18 @@ class AttncostFixture:
         self._item.stash.setdefault(PROFILES_KEY, []).append(result)
         return result
 
+    def sweep(self, model: Any, ns: Any, **profile_kwargs: Any) -> Sweep:
+        """Like :func:`pytest_attncost.sweep`; every profile is recorded, and the sweep is checked
+        against the marker's crossover bounds."""
+        from .api import sweep
+
+        if profile_kwargs.get("batch") is None and self._bounds is not None and self._bounds.batch is not None:
+            profile_kwargs["batch"] = self._bounds.batch
+        result = sweep(model, ns, **profile_kwargs)
+        self._item.stash.setdefault(PROFILES_KEY, []).extend(result)
+        self._item.stash.setdefault(SWEEPS_KEY, []).append(result)
+        return result
+
 
 @pytest.fixture
 def attncost_n() -> int | None:
@@ -388,8 +431,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         for row in rows:
             # A JSON string, so --junitxml shows JSON and xdist ships plain text.
             item.user_properties.append((USER_PROPERTY, json.dumps(row, sort_keys=True, allow_nan=False)))
-        if BOUNDS_KEY in item.stash and not rows:
+        bounds = item.stash.get(BOUNDS_KEY, None)
+        sweeps = item.stash.get(SWEEPS_KEY, [])
+        for made in sweeps:
+            data = made.to_dict()
+            data["test_id"] = item.nodeid
+            found = check_sweep(bounds, data) if bounds is not None else []
+            data["problems"] = found
+            problems += found
+            item.user_properties.append((SWEEP_PROPERTY, json.dumps(data, sort_keys=True, allow_nan=False)))
+        if bounds is not None and not rows:
             problems = [NO_PROFILE]
+        elif bounds is not None and bounds.has_sweep_bounds and not sweeps:
+            problems.append(NO_SWEEP)
     report = yield
     if problems and report.passed:
         report.outcome = "failed"
@@ -410,6 +464,7 @@ class AttncostSession:
         self.config = config
         self.settings = config.stash[SETTINGS_KEY]
         self.rows: dict[tuple[str, int], dict[str, Any]] = {}
+        self.sweeps: dict[tuple[str, int], dict[str, Any]] = {}
         self.outcomes: dict[str, str] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -426,9 +481,13 @@ class AttncostSession:
         index = 0
         for key, value in report.user_properties:
             if key == USER_PROPERTY:
-                row = json.loads(value) if isinstance(value, str) else dict(value)
-                self.rows[(report.nodeid, index)] = row
-                index += 1
+                self.rows[(report.nodeid, index)] = json.loads(value) if isinstance(value, str) else dict(value)
+            elif key == SWEEP_PROPERTY:
+                self.sweeps[(report.nodeid, index)] = json.loads(value) if isinstance(value, str) else dict(value)
+            index += 1
+
+    def final_sweeps(self) -> list[dict[str, Any]]:
+        return sorted(self.sweeps.values(), key=lambda s: (s["test_id"], s["name"], s["lengths"]))
 
     def final_rows(self) -> list[dict[str, Any]]:
         rows = []
@@ -455,7 +514,15 @@ class AttncostSession:
         if _is_worker(self.config):
             return
         rows = self.final_rows()
+        sweeps = self.final_sweeps()
         unit = self.settings.unit
+        if self.settings.plot_dir is not None and sweeps:
+            from .plots import plot_sweep, stem_for
+
+            self.settings.plot_dir.mkdir(exist_ok=True)
+            for data in sweeps:
+                paths = plot_sweep(data, self.settings.plot_dir, stem_for(data["test_id"], data["name"]), unit)
+                data["plots"] = [str(path) for path in paths]
         if self.settings.save_path is not None:
             from .baseline import merge, render_baseline
 
@@ -465,14 +532,14 @@ class AttncostSession:
         if self.settings.compare_strict and self.missing() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.json_path is not None:
-            write_atomic(self.settings.json_path, render_json(rows, unit))
+            write_atomic(self.settings.json_path, render_json(rows, unit, sweeps))
         markdown = None
         if self.settings.markdown_path is not None:
-            markdown = render_markdown(rows, unit)
+            markdown = render_markdown(rows, unit, sweeps, self.settings.markdown_path.parent)
             write_atomic(self.settings.markdown_path, markdown)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary and (self.settings.report or self.settings.markdown_path is not None):
-            append_once(Path(summary), markdown or render_markdown(rows, unit))
+            append_once(Path(summary), markdown or render_markdown(rows, unit, sweeps))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """End of the run: baseline notes, then the table when asked for."""
@@ -483,7 +550,7 @@ class AttncostSession:
             return
         unit = self.settings.unit
         terminalreporter.write_sep("=", f"attncost report (counts in {unit.upper()})")
-        for line in render_terminal(self.final_rows(), unit):
+        for line in render_terminal(self.final_rows(), unit, self.final_sweeps()):
             terminalreporter.write_line(line)
         for label, path in (("json", self.settings.json_path), ("markdown", self.settings.markdown_path)):
             if path is not None:

@@ -126,7 +126,29 @@ def _table(headers: list[str], body: list[list[str]]) -> list[str]:
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in body)]
 
 
-def render_terminal(rows: Sequence[Row], unit: str = "mac") -> list[str]:
+def _tokens(value: float | None) -> str:
+    if value is None:
+        return "none"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+def sweep_lines(sweeps: Sequence[Row]) -> list[str]:
+    """One line per sweep: thresholds solved from the measurements, beside the formula's."""
+    lines = []
+    for data in sweeps:
+        head = f"{data['test_id']} [{data['name']} n={data['lengths']}]"
+        if data.get("error"):
+            lines.append(f"{head}: {data['error']}")
+            continue
+        lines.append(
+            f"{head}: attention = FFN at n={_tokens(data['crossover_n'])} "
+            f"(formula {_tokens(data['formula_crossover_n'])}); quadratic term = linear terms at "
+            f"n={_tokens(data['quadratic_crossover_n'])} (formula {_tokens(data['formula_quadratic_n'])})"
+        )
+    return lines
+
+
+def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = ()) -> list[str]:
     """The report as terminal lines (no section header: the caller writes it)."""
     rows = sort_rows(rows)
     if not rows:
@@ -138,6 +160,12 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac") -> list[str]:
     thresholds = threshold_lines(rows)
     if thresholds:
         lines += ["", "thresholds (per layer, from the formula):", *(f"  {t}" for t in thresholds)]
+    if sweeps:
+        lines += ["", "sweeps (thresholds solved exactly from the measured counts):",
+                  *(f"  {t}" for t in sweep_lines(sweeps))]
+        plotted = [path for data in sweeps for path in data.get("plots", []) if path.endswith(".png")]
+        if plotted:
+            lines += [f"  plots: {len(plotted)} PNG (and SVG) in {Path(plotted[0]).parent}"]
     unsupported = unsupported_lines(rows)
     if unsupported:
         lines += ["", "ops fvcore skipped (not in the counts; elementwise ops are expected here):",
@@ -150,8 +178,9 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac") -> list[str]:
     return lines
 
 
-def render_markdown(rows: Sequence[Row], unit: str = "mac") -> str:
-    """A GitHub-flavoured Markdown table, pasteable into a pull request."""
+def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = (),
+                    base: Path | None = None) -> str:
+    """A GitHub-flavoured Markdown table, pasteable into a pull request; plots linked relative to *base*."""
     rows = sort_rows(rows)
     out = ["## attncost report", ""]
     if not rows:
@@ -169,6 +198,16 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac") -> str:
     thresholds = threshold_lines(rows)
     if thresholds:
         out += ["", "**Thresholds** (per layer, from the formula):", "", *(f"- {t}" for t in thresholds)]
+    if sweeps:
+        out += ["", "**Sweeps** (thresholds solved exactly from the measured counts):", ""]
+        for line, data in zip(sweep_lines(sweeps), sweeps):
+            out.append(f"- {line}")
+            for path in data.get("plots", []):
+                if path.endswith(".png"):
+                    target = Path(path)
+                    if base is not None:
+                        target = Path(os.path.relpath(target, base))
+                    out.append(f"  ![{target.stem}]({target.as_posix()})")
     unsupported = unsupported_lines(rows)
     if unsupported:
         out += ["", "**Ops fvcore skipped** (not in the counts):", "", *(f"- {u}" for u in unsupported)]
@@ -191,9 +230,11 @@ def versions() -> dict[str, str]:
     return found
 
 
-def render_json(rows: Sequence[Row], unit: str = "mac") -> str:
+def render_json(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = ()) -> str:
     """The versioned JSON document: sorted keys and rows, fixed indentation, no NaN."""
-    document = {"schema": SCHEMA, "unit": "MAC", "versions": versions(), "profiles": sort_rows(rows)}
+    document: dict[str, Any] = {"schema": SCHEMA, "unit": "MAC", "versions": versions(), "profiles": sort_rows(rows)}
+    if sweeps:
+        document["sweeps"] = [{k: v for k, v in s.items() if k != "profiles"} for s in sweeps]
     return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 

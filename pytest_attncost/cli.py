@@ -1,0 +1,171 @@
+"""``python -m pytest_attncost``: the article's table for any shape, no model needed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import formulas
+from .formulas import ModelSpec
+
+__all__ = ["PRESETS", "main"]
+
+#: Common shapes: (hidden, heads, head_dim, layers, ffn, kv_heads, gated)
+PRESETS: dict[str, ModelSpec] = {
+    "bert-base": ModelSpec(768, 12, 64, 12, 3072),
+    "bert-large": ModelSpec(1024, 16, 64, 24, 4096),
+    "gpt2": ModelSpec(768, 12, 64, 12, 3072),
+    "gpt2-xl": ModelSpec(1600, 25, 64, 48, 6400),
+    "t5-base": ModelSpec(768, 12, 64, 12, 3072),
+    "llama-2-7b": ModelSpec(4096, 32, 128, 32, 11008, gated=True),
+    "llama-2-13b": ModelSpec(5120, 40, 128, 40, 13824, gated=True),
+    "llama-3-8b": ModelSpec(4096, 32, 128, 32, 14336, kv_heads=8, gated=True),
+    "mistral-7b": ModelSpec(4096, 32, 128, 32, 14336, kv_heads=8, gated=True),
+}
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_attncost",
+        description="Per-layer Transformer costs (MACs) by the article's formulas: attention core 2n²hd, "
+        "projections 4n(hd)², FFN 8n(hd)², generalised to GQA and gated FFNs.",
+    )
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a common shape (other options override it)")
+    parser.add_argument("--hidden", type=_positive, help="hidden size D")
+    parser.add_argument("--heads", type=_positive, help="query heads h")
+    parser.add_argument("--head-dim", type=_positive, help="head size d (default D / h)")
+    parser.add_argument("--ffn", type=_non_negative, help="FFN width f (default 4D)")
+    parser.add_argument("--kv-heads", type=_positive, help="key/value heads g (grouped-query attention)")
+    parser.add_argument("--gated", action="store_true", default=None, help="gated FFN (SwiGLU/GeGLU, 3 matrices)")
+    parser.add_argument("--layers", type=_positive, help="layers, for whole-model totals (default 12)")
+    parser.add_argument("--n", type=_positive, nargs="+", metavar="N",
+                        help="lengths (default 128, 512 and both thresholds)")
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def resolve_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ModelSpec:
+    base = PRESETS.get(args.preset) if args.preset else None
+    hidden = args.hidden or (base.hidden if base else None)
+    heads = args.heads or (base.heads if base else None)
+    if hidden is None or heads is None:
+        parser.error("give --hidden and --heads, or a --preset")
+    head_dim = args.head_dim or (base.head_dim if base and not args.hidden and not args.heads else None)
+    if head_dim is None:
+        if hidden % heads:
+            parser.error(f"--hidden {hidden} is not divisible by --heads {heads}: give --head-dim")
+        head_dim = hidden // heads
+    ffn = args.ffn if args.ffn is not None else (base.ffn_dim if base else 4 * hidden)
+    kv_heads = args.kv_heads or (base.kv_heads if base else None)
+    if kv_heads is not None and heads % kv_heads:
+        parser.error(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}")
+    gated = args.gated if args.gated is not None else (base.gated if base else False)
+    layers = args.layers or (base.layers if base else 12)
+    return ModelSpec(hidden, heads, head_dim, layers, ffn, kv_heads=kv_heads, gated=gated)
+
+
+def default_lengths(spec: ModelSpec) -> list[int]:
+    lengths = {128, 512}
+    for value in (formulas.crossover_n(spec), formulas.quadratic_n(spec)):
+        if value is not None:
+            lengths.add(math.ceil(value))
+    return sorted(lengths)
+
+
+def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]:
+    rows = []
+    for n in lengths:
+        costs = formulas.layer_costs(spec, n, batch)
+        rows.append({
+            "n": n,
+            "attention": costs.attention,
+            "ffn": costs.ffn,
+            "attention_core": costs.attention_core,
+            "attention_proj": costs.attention_proj,
+            "layer": costs.total,
+            "model": costs.total * spec.layers,
+            "attention_share": costs.attention / costs.total if costs.total else 0.0,
+            "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
+            "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
+        })
+    cross, quad = formulas.crossover_n(spec), formulas.quadratic_n(spec)
+    return {
+        "spec": spec.to_dict(),
+        "batch": batch,
+        "unit": "MAC",
+        "crossover_n": None if cross is None else float(cross),
+        "quadratic_n": None if quad is None else float(quad),
+        "rows": rows,
+    }
+
+
+def _threshold(value: float | None, multiple: int, hd: int, what: str) -> str:
+    if value is None:
+        return f"{what}: never"
+    exact = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+    same = f" = {multiple}hd" if value == multiple * hd else ""
+    return f"{what} at n = {exact}{same}"
+
+
+def render(data: dict[str, Any], name: str) -> str:
+    spec = data["spec"]
+    hd = spec["heads"] * spec["head_dim"]
+    kv = f", {spec['kv_heads']} kv heads" if spec["kv_heads"] else ""
+    gated = " gated" if spec["gated"] else ""
+    lines = [
+        f"{name}: hidden {spec['hidden']}, {spec['heads']} heads x {spec['head_dim']}{kv}, "
+        f"ffn {spec['ffn_dim']}{gated}, {spec['layers']} layers",
+        f"per layer, batch {data['batch']}, in MAC (1 MAC = 2 FLOP):",
+    ]
+    headers = ["n", "SA", "FFN", "core", "proj", "SA/(SA+FFN)", "core/(SA+FFN)", "linear saving", "model total"]
+    body = [[f"{r['n']:,}", f"{r['attention']:,}", f"{r['ffn']:,}", f"{r['attention_core']:,}",
+             f"{r['attention_proj']:,}", f"{r['attention_share']:.4f}", f"{r['quadratic_share']:.4f}",
+             f"{r['linear_attention_saving']:.2%}", f"{r['model']:,}"] for r in data["rows"]]
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
+    lines.append("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in body]
+    lines.append(_threshold(data["crossover_n"], 2, hd, "attention overtakes the FFN"))
+    lines.append(_threshold(data["quadratic_n"], 6, hd, "the quadratic term dominates the layer"))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    spec = resolve_spec(parser, args)
+    lengths = args.n or default_lengths(spec)
+    data = table(spec, lengths, args.batch)
+    if args.json:
+        print(json.dumps({"name": args.preset or "custom", **data}, indent=2, sort_keys=True))
+    else:
+        print(render(data, args.preset or "custom"))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
