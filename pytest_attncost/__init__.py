@@ -29,6 +29,7 @@ __all__ = [
     "ModelSpec",
     "Profile",
     "ProfileError",
+    "Sweep",
     "__version__",
     "attention",
     "attention_core",
@@ -40,15 +41,17 @@ __all__ = [
     "linear_attention_saving",
     "model_costs",
     "parse_count",
+    "clear_cache",
     "profile",
     "quadratic_n",
+    "sweep",
 ]
 
 
 def __getattr__(name: str) -> object:
     # torch and fvcore load only when counting is asked for: `pytest --help` and suites
     # that never profile do not pay for them.
-    if name in ("profile", "ProfileError"):
+    if name in ("profile", "ProfileError", "sweep", "clear_cache"):
         from . import api
 
         return getattr(api, name)
@@ -56,4 +59,8 @@ def __getattr__(name: str) -> object:
         from .result import Profile
 
         return Profile
+    if name == "Sweep":
+        from .sweep import Sweep
+
+        return Sweep
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

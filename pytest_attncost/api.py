@@ -7,11 +7,13 @@ wrapper that adds the marker's defaults and records the result for the report.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Union
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from . import roles as roles_mod
 from .counting import ATTENTION_OPS, CountError, count_forward, meta_twin, to_meta
@@ -184,6 +186,79 @@ def _user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...
     raise ProfileError(f"inputs= got {type(inputs).__name__}; {INPUTS_HINT}")
 
 
+# --- cache ---------------------------------------------------------------------------------
+
+#: Profiles already counted in this process, by everything that decides the count.
+_CACHE: OrderedDict[Hashable, Profile] = OrderedDict()
+CACHE_SIZE = 512
+_SIMPLE = (int, float, bool, str, type(None))
+
+
+def _simple(value: Any) -> bool:
+    if isinstance(value, _SIMPLE):
+        return True
+    return isinstance(value, tuple) and all(isinstance(v, _SIMPLE) for v in value)
+
+
+def _structure(model: nn.Module) -> tuple[Any, ...]:
+    """Module tree, classes, flags, hyper-parameters, and the shape and dtype of every tensor."""
+    parts: list[Any] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        settings = []
+        for key, value in vars(module).items():
+            if key[0] == "_":
+                continue
+            if _simple(value):
+                settings.append((key, value))
+            elif callable(value) and not isinstance(value, nn.Module):
+                settings.append((key, id(value)))  # a forward patched on the instance
+        tensors = [(key, t.shape, t.dtype, type(t)) for key, t in module._parameters.items() if t is not None]
+        tensors += [(key, t.shape, t.dtype) for key, t in module._buffers.items() if t is not None]
+        parts.append((name, type(module), tuple(settings), tuple(tensors)))
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        try:
+            parts.append(config.to_json_string(use_diff=False))
+        except Exception:  # noqa: BLE001 - an unserialisable config: fall back to its repr
+            parts.append(repr(config))
+    return tuple(parts)
+
+
+def _inputs_key(inputs: Any) -> Hashable:
+    leaves, spec = pytree.tree_flatten(inputs)
+    described = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            described.append(("tensor", tuple(leaf.shape), str(leaf.dtype)))
+        elif _simple(leaf):
+            described.append(("value", leaf))
+        else:
+            raise TypeError("not cacheable")
+    return (str(spec), tuple(described))
+
+
+def cache_key(
+    target: nn.Module, n: int | None, batch: int, batch_given: bool, inputs: Any,
+    roles: Mapping[str, Any] | None, spec: ModelSpec | None, name: str,
+) -> Hashable | None:
+    """Everything that decides a count; None when the call cannot be cached (callable inputs)."""
+    if callable(inputs) and not isinstance(inputs, (torch.Tensor, nn.Module)):
+        return None
+    try:
+        inputs_key = None if inputs is None else _inputs_key(inputs)
+        roles_key = None if roles is None else repr(sorted((k, tuple(v) if not isinstance(v, str) else v)
+                                                           for k, v in dict(roles).items()))
+    except TypeError:
+        return None
+    return (_structure(target), n, batch, batch_given, inputs_key, roles_key, spec, name,
+            torch.backends.mha.get_fastpath_enabled())
+
+
+def clear_cache() -> None:
+    """Forget every cached profile."""
+    _CACHE.clear()
+
+
 def profile(
     model: nn.Module | Callable[[], nn.Module],
     n: int | None = None,
@@ -233,6 +308,28 @@ def profile(
     target = _resolve_model(model)
     model_name = name or type(target).__name__
     spec = spec if spec is not None else spec_of(target)
+    key = cache_key(target, n, batch, batch_given, inputs, roles, spec, model_name)
+    if key is not None and key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    result = _count(target, model_name, spec, n, batch, batch_given, inputs, roles)
+    if key is not None:
+        _CACHE[key] = result
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return result
+
+
+def _count(
+    target: nn.Module,
+    model_name: str,
+    spec: ModelSpec | None,
+    n: int | None,
+    batch: int,
+    batch_given: bool,
+    inputs: Any,
+    roles: Mapping[str, Any] | None,
+) -> Profile:
 
     if inputs is None:
         args, kwargs = default_inputs(target, n, batch)

@@ -232,6 +232,7 @@ def test_model_is_untouched(monkeypatch):
         raise RuntimeError("forced failure")
 
     monkeypatch.setitem(counting.EXTRA_HANDLES, "aten::scaled_dot_product_attention", explode)
+    pytest_attncost.api.clear_cache()  # the same call is cached: count it again
     with pytest.raises(ProfileError, match="forced failure"):
         profile(model, 64)
     monkeypatch.undo()
@@ -243,6 +244,23 @@ def test_model_is_untouched(monkeypatch):
 
     model(torch.zeros(1, 4, dtype=torch.long))
     assert calls == [1]  # the user's hook fires exactly once on a real forward
+
+
+def test_cache_hits_and_never_goes_stale():
+    from pytest_attncost import api
+
+    model = tm.bert_like()
+    first = profile(model, 96)
+    assert profile(model, 96) is first  # served from the cache
+    assert profile(model, 96, batch=2) is not first
+    model.encoder.layer = model.encoder.layer[:1]  # one layer fewer: a new structure
+    fewer = profile(model, 96)
+    assert fewer.attention_core == first.attention_core // 2
+    model.train(not model.training)
+    assert profile(model, 96) is not fewer  # flags are part of the key
+    callable_inputs = profile(tm.torch_encoder(), 16, inputs=lambda n, b: (torch.zeros(b, n, D),))
+    assert api.cache_key(tm.torch_encoder(), 16, 1, False, lambda n, b: (), None, None, "x") is None
+    assert callable_inputs.n == 16
 
 
 def test_half_and_meta_models():
