@@ -174,7 +174,10 @@ def _user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...
     if callable(inputs) and not isinstance(inputs, (nn.Module, torch.Tensor)):
         if n is None:
             raise ProfileError("inputs= is a callable (n, batch) -> ..., so n is needed: pass n= (or mark the test)")
-        inputs = inputs(n, batch)
+        try:
+            inputs = inputs(n, batch)
+        except Exception as exc:  # noqa: BLE001 - the callable is the user's code
+            raise ProfileError(f"inputs(n={n}, batch={batch}) raised {type(exc).__name__}: {exc}") from exc
     if isinstance(inputs, torch.Tensor):
         return (inputs,), {}
     if isinstance(inputs, (tuple, list)):

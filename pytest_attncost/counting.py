@@ -432,6 +432,13 @@ def count_forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             reason = f"{type(exc).__name__}: {exc}".strip()
             if len(reason) > 600:
                 reason = reason[:600] + " ..."
+            if "Storage size calculation overflowed" in reason:
+                raise CountError(
+                    f"the length is too large to trace {type(model).__name__}: {reason} (torch cannot "
+                    "describe a tensor of 2**63 bytes or more, even on the meta device)\n"
+                    "Fix: use a smaller n, or evaluate the formulas alone: pytest_attncost.model_costs(spec, n) "
+                    "or python -m pytest_attncost"
+                ) from exc
             raise CountError(
                 f"fvcore could not trace {type(model).__name__} on the meta device: {reason}\n"
                 "Fix: make forward() traceable (no data-dependent Python control flow, no .item() or "
