@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
+from dataclasses import dataclass
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Union
 
@@ -16,7 +17,18 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from . import roles as roles_mod
-from .counting import ATTENTION_OPS, CountError, count_forward, meta_twin, to_meta
+from .counting import (
+    ATTENTION_OPS,
+    CountError,
+    RawCount,
+    count_forward,
+    count_forward_torch,
+    meta_twin,
+    real_twin,
+    to_meta,
+    to_real,
+)
+from .reporting import versions
 from .formulas import ModelSpec
 from .result import Profile
 from .sweep import Sweep
@@ -29,6 +41,21 @@ INPUTS_HINT = (
     "pass inputs= as a tuple of positional arguments, a dict of keyword arguments, "
     "or a callable (n, batch) -> tuple | dict"
 )
+
+
+BACKENDS = ("fvcore", "torch")
+MODES = ("forward", "train")
+CAUSAL = ("full", "half")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to count: part of the cache key."""
+
+    backend: str = "fvcore"
+    mode: str = "forward"
+    causal: str = "full"
+    fallback: bool = True
 
 
 class ProfileError(ValueError):
@@ -242,7 +269,7 @@ def _inputs_key(inputs: Any) -> Hashable:
 
 def cache_key(
     target: nn.Module, n: int | None, batch: int, batch_given: bool, inputs: Any,
-    roles: Mapping[str, Any] | None, spec: ModelSpec | None, name: str,
+    roles: Mapping[str, Any] | None, spec: ModelSpec | None, name: str, options: Options = Options(),
 ) -> Hashable | None:
     """Everything that decides a count; None when the call cannot be cached (callable inputs)."""
     if callable(inputs) and not isinstance(inputs, (torch.Tensor, nn.Module)):
@@ -253,7 +280,7 @@ def cache_key(
                                                            for k, v in dict(roles).items()))
     except TypeError:
         return None
-    return (_structure(target), n, batch, batch_given, inputs_key, roles_key, spec, name,
+    return (_structure(target), n, batch, batch_given, inputs_key, roles_key, spec, name, options,
             torch.backends.mha.get_fastpath_enabled())
 
 
@@ -271,6 +298,10 @@ def profile(
     roles: Mapping[str, Any] | None = None,
     spec: ModelSpec | None = None,
     name: str | None = None,
+    backend: str | None = None,
+    mode: str = "forward",
+    causal: str = "full",
+    fallback: bool = True,
 ) -> Profile:
     """Count one forward pass of *model* and split it into attention_core, attention_proj, ffn, other.
 
@@ -292,6 +323,14 @@ def profile(
             detection does not know.
         spec: the shape for the formulas; read from the model when omitted.
         name: the profile's name (default: the model's class name).
+        backend: ``"fvcore"`` (default: jit trace) or ``"torch"`` (FlopCounterMode at the
+            dispatcher, on fake tensors).
+        mode: ``"forward"``, or ``"train"``: forward plus a real backward (torch backend).
+        causal: ``"full"`` counts the n x n product a dense kernel executes; ``"half"`` counts
+            the n(n+1)/2 pairs of causal self-attention (never cross-attention or
+            bidirectional models).
+        fallback: when fvcore cannot trace the model, count with the torch backend (on fake
+            tensors, else on real ones at small n) and say so in ``Profile.fallback``.
 
     Returns:
         The :class:`Profile`.
@@ -308,14 +347,21 @@ def profile(
         raise ProfileError(f"spec= must be a pytest_attncost.ModelSpec, got {type(spec).__name__}")
     if name is not None and not isinstance(name, str):
         raise ProfileError(f"name= must be a str, got {type(name).__name__}")
+    if backend is not None and backend not in BACKENDS:
+        raise ProfileError(f"backend= must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if mode not in MODES:
+        raise ProfileError(f"mode= must be one of {', '.join(MODES)}, got {mode!r}")
+    if causal not in CAUSAL:
+        raise ProfileError(f"causal= must be one of {', '.join(CAUSAL)}, got {causal!r}")
+    options = Options(backend or "fvcore", mode, causal, bool(fallback))
     target = _resolve_model(model)
     model_name = name or type(target).__name__
     spec = spec if spec is not None else spec_of(target)
-    key = cache_key(target, n, batch, batch_given, inputs, roles, spec, model_name)
+    key = cache_key(target, n, batch, batch_given, inputs, roles, spec, model_name, options)
     if key is not None and key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    result = _count(target, model_name, spec, n, batch, batch_given, inputs, roles)
+    result = _count(target, model_name, spec, n, batch, batch_given, inputs, roles, options)
     if key is not None:
         _CACHE[key] = result
         while len(_CACHE) > CACHE_SIZE:
@@ -332,6 +378,7 @@ def _count(
     batch_given: bool,
     inputs: Any,
     roles: Mapping[str, Any] | None,
+    options: Options,
 ) -> Profile:
 
     if inputs is None:
@@ -341,10 +388,21 @@ def _count(
         args, kwargs = to_meta((args, kwargs))
 
     twin = meta_twin(target)
+    causal_modules = frozenset(
+        name for name, module in twin.named_modules() if getattr(module, "is_causal", None) is True
+    ) if options.causal == "half" else frozenset()
+    train = options.mode == "train"
+    backend = "torch" if train else options.backend  # a backward needs the dispatcher's counter
+    fallback_reason = None
     try:
-        raw = count_forward(twin, args, kwargs)
+        raw = count_forward(twin, args, kwargs) if backend == "fvcore" else count_forward_torch(
+            twin, args, kwargs, train=train)
     except CountError as exc:
-        raise ProfileError(f"{model_name}: {exc}") from exc
+        if backend != "fvcore" or not options.fallback:
+            raise ProfileError(f"{model_name}: {exc}") from exc
+        fallback_reason = str(exc).splitlines()[0]
+        backend = "torch"
+        raw = _fallback(target, model_name, args, kwargs, n, exc)
 
     try:
         assigned = (
@@ -359,8 +417,9 @@ def _count(
             f"{model_name}: found neither attention nor an FFN (no module class the plugin knows, "
             f"no fused attention op); {roles_mod.ROLES_HINT}"
         )
-    parts = roles_mod.split(raw.records, assigned)
-    assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
+    parts = roles_mod.split(raw.records, assigned, causal_modules)
+    if not parts.halved:
+        assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
 
     seen = parts.lengths[0] if parts.lengths else None
     if n is None:
@@ -395,7 +454,40 @@ def _count(
         m=memory,
         unsupported_ops=dict(sorted(raw.unsupported_ops.items())),
         by_module=raw.by_module,
+        backend=backend,
+        mode=options.mode,
+        causal=options.causal,
+        causal_applied=parts.halved,
+        fallback=fallback_reason,
+        versions=versions(),
     )
+
+
+#: Lengths up to which the fallback may run real tensors (weights and activations in memory).
+REAL_TENSOR_MAX_N = 4096
+
+
+def _fallback(
+    target: nn.Module, model_name: str, args: tuple[Any, ...], kwargs: dict[str, Any], n: int | None,
+    first: CountError,
+) -> RawCount:
+    """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n."""
+    try:
+        return count_forward_torch(meta_twin(target), args, kwargs)
+    except CountError as fake_error:
+        on_meta = any(t.is_meta for t in [*target.parameters(), *target.buffers()])
+        lengths = [d for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) for d in t.shape[1:2]]
+        too_long = (n or max(lengths, default=0)) > REAL_TENSOR_MAX_N
+        if on_meta or too_long:
+            why = "the model lives on the meta device" if on_meta else f"n > {REAL_TENSOR_MAX_N}"
+            raise ProfileError(
+                f"{model_name}: {first}\nThe torch backend could not count it either ({fake_error}); real tensors "
+                f"were not tried: {why}."
+            ) from first
+        try:
+            return count_forward_torch(real_twin(target), to_real(args), to_real(kwargs), fake=False)
+        except CountError as real_error:
+            raise ProfileError(f"{model_name}: {first}\nThe fallback failed too: {real_error}") from first
 
 
 def sweep(

@@ -21,7 +21,7 @@ MAX_BYTES = 64 * 1024 * 1024
 PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
 _REQUIRED = {"test_id": str, "name": str, "n": int, "batch": int, **{p: int for p in PARTS}}
 
-Key = tuple[str, str, int, int]
+Key = tuple[str, str, int, int, str, str, str]
 
 
 class BaselineError(ValueError):
@@ -29,8 +29,9 @@ class BaselineError(ValueError):
 
 
 def entry_key(row: Mapping[str, Any]) -> Key:
-    """Profiles are keyed by test id, profile name, n and batch."""
-    return (row["test_id"], row["name"], row["n"], row["batch"])
+    """Profiles are keyed by test id, profile name, n, batch, mode, causal accounting and backend."""
+    return (row["test_id"], row["name"], row["n"], row["batch"], row.get("mode", "forward"),
+            row.get("causal", "full"), row.get("backend", "fvcore"))
 
 
 def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:

@@ -297,6 +297,25 @@ def meta_twin(model: nn.Module) -> nn.Module:
     return clone
 
 
+def real_twin(model: nn.Module) -> nn.Module:
+    """A full copy, weights included, without hooks: for the real-tensor fallback at small n."""
+    clone = copy.deepcopy(model)
+    for module in clone.modules():
+        for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                     "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+            hooks = getattr(module, name, None)
+            if hooks is not None:
+                hooks.clear()
+    return clone
+
+
+def to_real(value: Any) -> Any:
+    """Zero-filled CPU tensors of the same shapes and dtypes (meta tensors have no values to run on)."""
+    return pytree.tree_map(
+        lambda leaf: torch.zeros(leaf.shape, dtype=leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf, value
+    )
+
+
 def _patchify_forward(self: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     # torch 2.13's meta kernel for convolution fails under the jit tracer (its shape
     # checks receive traced tensors). A patchifying conv (stride == kernel) is a linear
@@ -456,3 +475,117 @@ def count_forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     return RawCount(
         total=int(total), records=ctx.records, unsupported_ops=unsupported, by_module=by_module, module_names=classes
     )
+
+
+# --- the second counter: torch's FlopCounterMode -------------------------------------------
+
+#: Attention ops as torch dispatches them, forward and backward (fused kernels; on meta and
+#: fake tensors sdpa decomposes into bmm, which the core rule already covers).
+TORCH_ATTENTION_OPS = frozenset(
+    {
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_backward",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_efficient_attention_backward",
+        "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_scaled_dot_product_cudnn_attention_backward",
+        "aten::_flash_attention_forward",
+        "aten::_flash_attention_backward",
+        "aten::_efficient_attention_forward",
+        "aten::_efficient_attention_backward",
+    }
+)
+# Products with a weight operand, as torch dispatches a linear layer (forward: addmm/mm with
+# W^T; backward: mm for the input's and the weight's gradients).
+_WEIGHT_PRODUCTS = frozenset({"aten::mm", "aten::addmm", "aten::convolution", "aten::_convolution",
+                              "aten::convolution_backward", "aten::_slow_conv2d_forward", "aten::cudnn_convolution",
+                              "aten::convolution_overrideable", "aten::_scaled_mm"})
+
+
+def _innermost(parents: Any, root: str) -> str:
+    names = [p for p in parents if p == root or p.startswith(root + ".")]
+    if not names:
+        return ""
+    name = max(names, key=lambda p: p.count("."))
+    return "" if name == root else name[len(root) + 1 :]
+
+
+def _torch_recording(op: str, formula: Any, counter: Any, root: str, records: list[OpRecord]) -> Any:
+    def wrapped(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        flops = formula(*args, out_val=out_val, **kwargs)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        out = out_val[0] if isinstance(out_val, (tuple, list)) else out_val
+        origin = "param" if op in _WEIGHT_PRODUCTS else "activation"
+        records.append(OpRecord(
+            op=op, scope=_innermost(counter.mod_tracker.parents, root), macs=int(flops) // 2, origin=origin,
+            shapes=tuple(tuple(t.shape) for t in tensors[:3]),
+            out_shape=tuple(out.shape) if isinstance(out, torch.Tensor) else (),
+        ))
+        return flops
+
+    return wrapped
+
+
+def count_forward_torch(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, train: bool = False, fake: bool = True
+) -> RawCount:
+    """Count with torch's ``FlopCounterMode`` at the dispatcher, on fake tensors (no memory, no arithmetic).
+
+    *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the
+    outputs), so backward products are counted as executed. FLOPs are halved into MACs.
+
+    Raises:
+        CountError: the model could not run on fake tensors; the message carries the reason.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+    root = type(model).__name__
+    records: list[OpRecord] = []
+    counter = FlopCounterMode(display=False)
+    custom = {}
+    for packet, formula in flop_registry.items():
+        op = str(packet).replace(".", "::", 1)
+        # registry formulas take raw arguments (torch wraps them to read shapes)
+        custom[packet] = _torch_recording(op, formula, counter, root, records)
+    counter.flop_registry = {**counter.flop_registry, **custom}
+    # Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer).
+    mode: Any = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), mode:
+            warnings.simplefilter("ignore", UserWarning)
+            if fake:
+                args, kwargs = pytree.tree_map(
+                    lambda leaf: mode.from_tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, (args, kwargs)
+                )
+            with counter, torch.set_grad_enabled(train):
+                output = model(*args, **kwargs)
+                if train:
+                    leaves: list[torch.Tensor] = []
+                    _tensor_leaves(output, leaves)
+                    grads = [t for t in leaves if t.requires_grad and t.is_floating_point()]
+                    if not grads:
+                        raise CountError("train mode needs an output that requires grad; none did")
+                    sum(t.sum() for t in grads).backward()
+    except CountError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue
+        reason = f"{type(exc).__name__}: {exc}".strip()[:600]
+        where = "on fake tensors" if fake else "on real tensors"
+        raise CountError(
+            f"torch's FlopCounterMode could not run {type(model).__name__} {where}: {reason}\n"
+            "Fix: avoid reading tensor values in forward() (.item(), bool(tensor), printing), or pass "
+            "inputs= that forward() accepts."
+        ) from exc
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    by_module: dict[str, int] = {}
+    for name, ops in counter.get_flop_counts().items():
+        if name == root or name.startswith(root + "."):
+            by_module["" if name == root else name[len(root) + 1 :]] = sum(ops.values()) // 2
+    classes = {name: type(module).__name__ for name, module in model.named_modules()}
+    return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=Counter(),
+                    by_module=by_module, module_names=classes)
+

@@ -172,12 +172,17 @@ def _check_length(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None) -> int:
-    """MACs of QK^T and AV in one layer: ``2bn²hd`` (plus ``2bnmhd`` with cross-attention)."""
+def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal_half: bool = False) -> int:
+    """MACs of QK^T and AV in one layer: ``2bn²hd`` (plus ``2bnmhd`` with cross-attention).
+
+    With ``causal_half`` the self-attention counts the ``n(n+1)/2`` query-key pairs a causal
+    mask keeps (FlashAttention's convention): ``bhdn(n+1)``. Cross-attention is never halved.
+    """
     _check_length("n", n)
     _check_length("batch", batch)
     # scores: [b, h, n, d] @ [b, h, d, n]; output: [b, h, n, n] @ [b, h, n, d]
-    core = 2 * batch * spec.heads * n * n * spec.head_dim
+    pairs = n * (n + 1) // 2 if causal_half else n * n
+    core = 2 * batch * spec.heads * pairs * spec.head_dim
     if spec.cross_attention:
         m = n if m is None else m
         _check_length("m", m)
@@ -213,14 +218,21 @@ def ffn(spec: ModelSpec, n: int, batch: int = 1) -> int:
     return batch * n * spec.ffn_per_token
 
 
-def layer_costs(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None) -> Costs:
+def layer_costs(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal_half: bool = False) -> Costs:
     """One layer's attention_core, attention_proj and ffn."""
-    return Costs(attention_core(spec, n, batch, m), attention_proj(spec, n, batch, m), ffn(spec, n, batch))
+    return Costs(attention_core(spec, n, batch, m, causal_half=causal_half), attention_proj(spec, n, batch, m),
+                 ffn(spec, n, batch))
 
 
-def model_costs(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None) -> Costs:
-    """The whole model: ``spec.layers`` identical layers."""
-    return layer_costs(spec, n, batch, m).scaled(spec.layers)
+def model_costs(
+    spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal_half: bool = False, train: bool = False
+) -> Costs:
+    """The whole model: ``spec.layers`` identical layers.
+
+    ``train`` counts forward and backward with the standard accounting: each matrix product's
+    backward costs twice its forward (the gradients of both operands), so 3x in all.
+    """
+    return layer_costs(spec, n, batch, m, causal_half=causal_half).scaled(spec.layers * (3 if train else 1))
 
 
 def linear_attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None) -> int:

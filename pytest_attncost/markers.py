@@ -23,7 +23,8 @@ MARKER_HELP = (
     "breaks a bound: attention_share_max, attention_share_min, quadratic_share_max, "
     "total_max, attention_max, ffn_max (MACs, or strings such as '45 GMAC' / '90 GFLOP'), "
     "formula_rtol, linear_saving_max, max_increase (percent over the --attncost-compare baseline), "
-    "crossover_min, crossover_max, crossover_rtol (checked on attncost.sweep() results)."
+    "crossover_min, crossover_max, crossover_rtol (checked on attncost.sweep() results), "
+    "crosscheck (count with fvcore and torch's FlopCounterMode, fail when they disagree)."
 )
 
 NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
@@ -51,11 +52,14 @@ class Bounds:
     crossover_min: float | None = None  # tokens, measured by sweeps
     crossover_max: float | None = None
     crossover_rtol: float | None = None
+    crosscheck: bool | None = None  # count with both backends and fail when they disagree
 
     @property
     def has_bounds(self) -> bool:
         return any(
-            getattr(self, f.name) is not None for f in dataclasses.fields(self) if f.name not in ("lengths", "batch")
+            getattr(self, f.name) not in (None, False)
+            for f in dataclasses.fields(self)
+            if f.name not in ("lengths", "batch")
         )
 
     @property
@@ -142,6 +146,10 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
             if not _is_number(value) or not math.isfinite(value) or value <= 0:
                 raise MarkerError(f"{name} must be a positive number of tokens, got {value!r}")
             values[name] = float(value)
+    if "crosscheck" in kwargs:
+        if not isinstance(kwargs["crosscheck"], bool):
+            raise MarkerError(f"crosscheck must be True or False, got {kwargs['crosscheck']!r}")
+        values["crosscheck"] = kwargs["crosscheck"]
     if "crossover_rtol" in kwargs:
         values["crossover_rtol"] = _rtol("crossover_rtol", kwargs["crossover_rtol"])
     bounds = Bounds(**values)

@@ -39,6 +39,7 @@ SETTINGS_KEY = pytest.StashKey["Settings"]()
 BOUNDS_KEY = pytest.StashKey[Bounds]()
 PROFILES_KEY = pytest.StashKey[list["Profile"]]()
 SWEEPS_KEY = pytest.StashKey[list["Sweep"]]()
+CROSSCHECK_KEY = pytest.StashKey[dict[int, Any]]()
 BASELINE_KEY = pytest.StashKey["Baselines"]()
 
 USER_PROPERTY = "attncost"
@@ -55,7 +56,34 @@ _PRUNE_HELP = "With --attncost-save: drop baseline entries of tests this run did
 _COMPARE_HELP = "Compare every profile with this JSON baseline; a regression fails its test."
 _INCREASE_HELP = "Allowed growth over the baseline, in percent (default 0: any increase fails)."
 _COMPARE_STRICT_HELP = "Fail the session when baseline entries were not seen in this run."
+_BACKEND_HELP = "Default counter: fvcore (jit trace, default) or torch (FlopCounterMode on fake tensors)."
+_CROSSCHECK_HELP = "Count every profile with both backends; fail a test whose counts disagree."
 _PLOT_HELP = "Write PNG and SVG plots of every attncost.sweep() to this directory (needs matplotlib)."
+
+FALLBACK_MESSAGE = "counted by the torch backend because fvcore could not trace the model ({reason}) (--attncost-strict)"
+CROSSCHECK_MESSAGE = "backends disagree on {part}: {first} {a:,} vs {second} {b:,} MAC (formula {formula})"
+
+
+def _crosscheck(result: Profile, second: Any) -> tuple[dict[str, Any], list[str]]:
+    """Compare the two backends' parts; every disagreement is one message."""
+    if isinstance(second, str):
+        other = "torch" if result.backend == "fvcore" else "fvcore"
+        return ({"agree": False, "backends": [result.backend, other], "error": second},
+                [f"cross-check: the {other} backend could not count the model: {second}"])
+    formula = result.formula
+    parts = ("attention_core", "attention_proj", "ffn")
+    problems = []
+    for part in parts:
+        a, b = getattr(result, part), getattr(second, part)
+        if a != b:
+            expected = f"{getattr(formula, part):,}" if formula is not None else "n/a"
+            problems.append(CROSSCHECK_MESSAGE.format(part=part, first=result.backend, a=a, second=second.backend,
+                                                      b=b, formula=expected))
+    data = {"agree": not problems, "backends": [result.backend, second.backend],
+            result.backend: {p: getattr(result, p) for p in (*parts, "other")},
+            second.backend: {p: getattr(second, p) for p in (*parts, "other")}}
+    return data, problems
+
 
 STRICT_MESSAGE = "fvcore skipped {ops}: these ops multiply matrices, so the count is short (--attncost-strict)"
 
@@ -75,6 +103,8 @@ class Settings:
     max_increase: float = 0.0
     compare_strict: bool = False
     plot_dir: Path | None = None
+    backend: str = "fvcore"
+    crosscheck: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -141,6 +171,8 @@ class Settings:
             max_increase=raw_increase,
             compare_strict=flag("attncost_compare_strict", "attncost_compare_strict"),
             plot_dir=plot_dir,
+            backend=_backend(config),
+            crosscheck=flag("attncost_crosscheck", "attncost_crosscheck"),
         )
 
 
@@ -188,6 +220,26 @@ def _report_path(config: pytest.Config, dest: str, option: str, ini: str | None 
     return path
 
 
+BACKENDS = ("fvcore", "torch")
+
+
+def _backend(config: pytest.Config) -> str:
+    value = config.getoption("attncost_backend")
+    if value is not None:
+        return str(value)
+    text = str(config.getini("attncost_backend")).strip().lower() or "fvcore"
+    if text not in BACKENDS:
+        raise pytest.UsageError(f"attncost_backend = {text!r} in the ini file: expected one of {', '.join(BACKENDS)}")
+    return text
+
+
+def _backend_arg(value: str) -> str:
+    backend = value.strip().lower()
+    if backend not in BACKENDS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(BACKENDS)}, got {value!r}")
+    return backend
+
+
 def _unit_arg(value: str) -> str:
     unit = value.strip().lower()
     if unit not in UNITS:
@@ -210,6 +262,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attncost-max-increase", metavar="PCT", type=_percent_arg, default=None, help=_INCREASE_HELP)
     group.addoption("--attncost-compare-strict", action="store_true", default=None, help=_COMPARE_STRICT_HELP)
     group.addoption("--attncost-plot", metavar="DIR", default=None, help=_PLOT_HELP)
+    group.addoption("--attncost-backend", metavar="NAME", type=_backend_arg, default=None, help=_BACKEND_HELP)
+    group.addoption("--attncost-crosscheck", action="store_true", default=None, help=_CROSSCHECK_HELP)
+    parser.addini("attncost_backend", _BACKEND_HELP, default="fvcore")
+    parser.addini("attncost_crosscheck", _CROSSCHECK_HELP, type="bool", default=False)
     parser.addini("attncost_report", _REPORT_HELP, type="bool", default=False)
     parser.addini("attncost_save", _SAVE_HELP, default="")
     parser.addini("attncost_compare", _COMPARE_HELP, default="")
@@ -238,9 +294,9 @@ def pytest_configure(config: pytest.Config) -> None:
 class Baselines:
     """The --attncost-compare baseline and the --attncost-save file's current entries."""
 
-    compare: dict[tuple[str, str, int, int], dict[str, Any]] | None = None
+    compare: dict[tuple[str, str, int, int, str, str, str], dict[str, Any]] | None = None
     compare_versions: dict[str, str] | None = None
-    existing: dict[tuple[str, str, int, int], dict[str, Any]] | None = None
+    existing: dict[tuple[str, str, int, int, str, str, str], dict[str, Any]] | None = None
 
 
 def _load_baselines(config: pytest.Config, settings: Settings) -> Baselines:
@@ -348,8 +404,13 @@ class AttncostFixture:
         roles: Any = None,
         spec: Any = None,
         name: str | None = None,
+        backend: str | None = None,
+        mode: str = "forward",
+        causal: str = "full",
+        fallback: bool = True,
     ) -> Profile:
-        """Like :func:`pytest_attncost.profile`, defaulting n and batch to the marker's; recorded for the report."""
+        """Like :func:`pytest_attncost.profile`, defaulting n and batch to the marker's and the backend to
+        the ini's; recorded for the report (and counted by both backends when cross-checking)."""
         from .api import profile
 
         fills_in = inputs is None or callable(inputs)
@@ -357,8 +418,19 @@ class AttncostFixture:
             n = self._n
         if batch is None and fills_in and self._bounds is not None:
             batch = self._bounds.batch
-        result = profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name)
+        settings = self._item.config.stash[SETTINGS_KEY]
+        options = dict(batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, mode=mode, causal=causal)
+        result = profile(model, n, backend=backend or settings.backend, fallback=fallback, **options)
         self._item.stash.setdefault(PROFILES_KEY, []).append(result)
+        wanted = self._bounds.crosscheck if self._bounds is not None and self._bounds.crosscheck is not None else (
+            settings.crosscheck)
+        if wanted and mode == "forward":
+            other = "torch" if result.backend == "fvcore" else "fvcore"
+            try:
+                second: Any = profile(model, n, backend=other, fallback=False, **options)
+            except Exception as exc:  # noqa: BLE001 - reported as the cross-check's failure
+                second = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            self._item.stash.setdefault(CROSSCHECK_KEY, {})[id(result)] = second
         return result
 
     def sweep(self, model: Any, ns: Any, **profile_kwargs: Any) -> Sweep:
@@ -405,6 +477,12 @@ def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any
         if settings.strict and result.skipped_matmul_ops:
             ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
             found.append(STRICT_MESSAGE.format(ops=ops))
+        if settings.strict and result.fallback:
+            found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
+        second = item.stash.get(CROSSCHECK_KEY, {}).get(id(result))
+        if second is not None:
+            row["crosscheck"], disagreements = _crosscheck(result, second)
+            found += disagreements
         row["test_id"] = item.nodeid
         if baseline is not None:
             entry = baseline.get(entry_key(row))
@@ -499,7 +577,7 @@ class AttncostSession:
     def wanted(self) -> bool:
         return self.settings.report or self.settings.json_path is not None or self.settings.markdown_path is not None
 
-    def missing(self) -> list[tuple[str, str, int, int]]:
+    def missing(self) -> list[tuple[str, str, int, int, str, str, str]]:
         """Baseline entries that no profile of this run matched."""
         compared = self.config.stash[BASELINE_KEY].compare
         if compared is None:
@@ -573,7 +651,7 @@ class AttncostSession:
         missing = self.missing()
         strict = " (fails the run: --attncost-compare-strict)" if self.settings.compare_strict else ""
         lines += [f"missing (in the baseline, not seen in this run){strict}: {t} [{name} n={n} batch={b}]"
-                  for t, name, n, b in missing]
+                  for t, name, n, b, *_ in missing]
         if lines:
             terminalreporter.write_sep("-", f"attncost baseline {self.settings.compare_path}")
             for line in lines:

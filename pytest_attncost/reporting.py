@@ -31,7 +31,8 @@ _COLUMNS = (
 
 def sort_rows(rows: Iterable[Row]) -> list[Row]:
     """By test id, then model name, n and batch: serial and xdist runs print the same table."""
-    return sorted(rows, key=lambda r: (r["test_id"], r["name"], r["n"], r["batch"]))
+    return sorted(rows, key=lambda r: (r["test_id"], r["name"], r["n"], r["batch"], r.get("mode", "forward"),
+                                       r.get("causal", "full"), r.get("backend", "fvcore")))
 
 
 def _percent(value: float | None) -> str:
@@ -48,11 +49,36 @@ def _has_baseline(rows: Sequence[Row]) -> bool:
     return any("vs_baseline" in row for row in rows)
 
 
-def _cells(row: Row, unit: str, baseline: bool = False) -> list[str]:
+def _has_crosscheck(rows: Sequence[Row]) -> bool:
+    return any("crosscheck" in row for row in rows)
+
+
+def _model_cell(row: Row) -> str:
+    """The name, and how it was counted when that is not the default."""
+    notes = []
+    if row.get("backend", "fvcore") != "fvcore":
+        notes.append(row["backend"] + (" fallback" if row.get("fallback") else ""))
+    if row.get("mode", "forward") != "forward":
+        notes.append(row["mode"])
+    if row.get("causal_applied"):
+        notes.append("causal half")
+    return f"{row['name']} ({', '.join(notes)})" if notes else row["name"]
+
+
+def _agree(row: Row) -> str:
+    check = row.get("crosscheck")
+    if not check:
+        return "-"
+    return "yes" if check.get("agree") else "NO"
+
+
+def _cells(row: Row, unit: str, baseline: bool = False, crosscheck: bool = False) -> list[str]:
     extra = [row.get("vs_baseline", "-")] if baseline else []
+    if crosscheck:
+        extra.append(_agree(row))
     return [
         row["test_id"],
-        row["name"],
+        _model_cell(row),
         str(row["n"]),
         str(row["batch"]),
         format_count(row["total"], unit, suffix=False),
@@ -68,11 +94,13 @@ def _cells(row: Row, unit: str, baseline: bool = False) -> list[str]:
     ]
 
 
-def _headers(unit: str, baseline: bool = False) -> list[str]:
+def _headers(unit: str, baseline: bool = False, crosscheck: bool = False) -> list[str]:
     label = unit.upper()
     columns = [f"{c} [{label}]" if c in ("total", "attention", "FFN", "other") else c for c in _COLUMNS]
     if baseline:
         columns.insert(len(columns) - 1, "vs baseline")
+    if crosscheck:
+        columns.insert(len(columns) - 1, "agree")
     return columns
 
 
@@ -153,8 +181,8 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
     rows = sort_rows(rows)
     if not rows:
         return ["no profiles were made in this session"]
-    baseline = _has_baseline(rows)
-    lines = _table(_headers(unit, baseline), [_cells(r, unit, baseline) for r in rows])
+    baseline, crosscheck = _has_baseline(rows), _has_crosscheck(rows)
+    lines = _table(_headers(unit, baseline, crosscheck), [_cells(r, unit, baseline, crosscheck) for r in rows])
     lines.append(f"counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 1e9); "
                  "shares are of attention + FFN; deviation is the largest relative difference from the formula")
     thresholds = threshold_lines(rows)
@@ -170,6 +198,22 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
     if unsupported:
         lines += ["", "ops fvcore skipped (not in the counts; elementwise ops are expected here):",
                   *(f"  {u}" for u in unsupported)]
+    fallbacks = [r for r in rows if r.get("fallback")]
+    if fallbacks:
+        lines += ["", "counted by the torch backend because fvcore could not trace:",
+                  *(f"  {r['test_id']} [{r['name']}]: {r['fallback']}" for r in fallbacks)]
+    checked = [r for r in rows if r.get("crosscheck") and r["crosscheck"].get("agree") is not None]
+    if checked:
+        lines += ["", "cross-check (attention_core, attention_proj, ffn must agree; other may differ):"]
+        for row in checked:
+            check = row["crosscheck"]
+            if "error" in check:
+                lines.append(f"  {row['test_id']} [{row['name']}]: {check['error']}")
+                continue
+            first, second = check["backends"]
+            a, b = check[first], check[second]
+            lines.append(f"  {row['test_id']} [{row['name']}]: {'agree' if check['agree'] else 'DISAGREE'}; "
+                         f"other {first} {a['other']:,} vs {second} {b['other']:,} MAC")
     failed = [r for r in rows if r.get("problems")]
     if failed:
         lines += ["", "bounds broken:"]
@@ -185,13 +229,13 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
     out = ["## attncost report", ""]
     if not rows:
         return "\n".join([*out, "No profiles were made in this session.", ""])
-    baseline = _has_baseline(rows)
-    headers = _headers(unit, baseline)
+    baseline, crosscheck = _has_baseline(rows), _has_crosscheck(rows)
+    headers = _headers(unit, baseline, crosscheck)
     out.append("| " + " | ".join(headers) + " |")
     last = len(headers) - 1
     out.append("|" + "|".join("---" if i in (0, 1, last) else "---:" for i in range(len(headers))) + "|")
     for row in rows:
-        cells = [c.replace("|", "\\|") for c in _cells(row, unit, baseline)]
+        cells = [c.replace("|", "\\|") for c in _cells(row, unit, baseline, crosscheck)]
         cells[0] = f"`{cells[0]}`"
         out.append("| " + " | ".join(cells) + " |")
     out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹)."]

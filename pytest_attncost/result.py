@@ -40,6 +40,12 @@ class Profile:
         m: memory length for cross-attention (None for self-attention-only models).
         unsupported_ops: op -> number of calls fvcore could not count.
         by_module: module name (``""`` is the root) -> MACs, fvcore's ``by_module``.
+        backend: the counter that made the count, ``fvcore`` or ``torch`` (FlopCounterMode).
+        mode: ``forward``, or ``train`` (forward and backward).
+        causal: ``full`` (the n x n product a dense kernel executes) or ``half`` (n(n+1)/2 pairs).
+        causal_applied: some causal self-attention was counted as a half triangle.
+        fallback: why the torch backend stood in for fvcore (None when it did not).
+        versions: torch, fvcore and plugin versions that made the count.
     """
 
     name: str
@@ -54,6 +60,12 @@ class Profile:
     m: int | None = None
     unsupported_ops: Mapping[str, int] = field(default_factory=dict)
     by_module: Mapping[str, int] = field(default_factory=dict)
+    backend: str = "fvcore"
+    mode: str = "forward"
+    causal: str = "full"
+    causal_applied: bool = False
+    fallback: str | None = None
+    versions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def attention(self) -> int:
@@ -80,7 +92,8 @@ class Profile:
         """The formulas' attention_core, attention_proj and ffn for this spec, n, batch and m."""
         if self.spec is None:
             return None
-        return formulas.model_costs(self.spec, self.n, self.batch, self.m)
+        return formulas.model_costs(self.spec, self.n, self.batch, self.m, causal_half=self.causal_applied,
+                                    train=self.mode == "train")
 
     @property
     def deviation(self) -> float | None:
@@ -98,7 +111,8 @@ class Profile:
         denominator = self.attention + self.ffn
         if denominator == 0:
             return 0.0
-        linear_core = self.spec.layers * formulas.linear_attention_core(self.spec, self.n, self.batch, self.m)
+        passes = 3 if self.mode == "train" else 1
+        linear_core = passes * self.spec.layers * formulas.linear_attention_core(self.spec, self.n, self.batch, self.m)
         return min(1.0, max(0.0, (self.attention_core - linear_core) / denominator))
 
     @property
@@ -166,6 +180,12 @@ class Profile:
             "formula": None if formula is None else formula.to_dict(),
             "unsupported_ops": dict(sorted(self.unsupported_ops.items())),
             "by_module": dict(sorted(self.by_module.items())),
+            "backend": self.backend,
+            "mode": self.mode,
+            "causal": self.causal,
+            "causal_applied": self.causal_applied,
+            "fallback": self.fallback,
+            "versions": dict(sorted(self.versions.items())),
         }
 
     @classmethod

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .counting import ATTENTION_OPS, CONTRACTING_OPS, OpRecord
+from .counting import ATTENTION_OPS, CONTRACTING_OPS, TORCH_ATTENTION_OPS, OpRecord
 
 __all__ = ["ROLE_NAMES", "RoleError", "Split", "auto_roles", "explicit_roles", "split"]
 
@@ -38,6 +38,11 @@ ROLES_HINT = (
 _ATTENTION_CLASS = re.compile(r"Attention")
 _FFN_CLASS = re.compile(r"(MLP|FeedForward|FFN|Intermediate|LayerFF|DenseActDense|DenseGatedActDense)$", re.IGNORECASE)
 _TORCH_LAYERS = ("TransformerEncoderLayer", "TransformerDecoderLayer")
+
+
+# torch's dispatcher names for products fvcore's table spells differently
+_TORCH_PRODUCTS = frozenset({"aten::convolution", "aten::convolution_backward", "aten::_slow_conv2d_forward",
+                             "aten::cudnn_convolution", "aten::convolution_overrideable", "aten::_scaled_mm"})
 
 
 class RoleError(ValueError):
@@ -55,6 +60,7 @@ class Split:
     attention_modules: list[str] = field(default_factory=list)
     # (queries, keys, batch x heads) per core op, in graph order
     lengths: list[tuple[int, int, int]] = field(default_factory=list)
+    halved: bool = False  # causal self-attention was counted as a half triangle
 
 
 def _parent(name: str) -> str:
@@ -146,16 +152,44 @@ def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
     return queries, keys, leading
 
 
-def split(records: Iterable[OpRecord], roles: Mapping[str, str]) -> Split:
-    """Sum the records by role."""
+def _causal(scope: str, causal_modules: frozenset[str]) -> bool:
+    name = scope
+    while True:
+        if name in causal_modules:
+            return True
+        if name == "":
+            return False
+        name = _parent(name)
+
+
+def _half(record: OpRecord) -> int:
+    """The MACs of the n(n+1)/2 query-key pairs a causal mask keeps, for a self-attention core op."""
+    if len(record.shapes) < 2 or any(len(s) < 2 for s in record.shapes[:2]):
+        return record.macs
+    first, second = record.shapes[0], record.shapes[1]
+    n = first[-2]
+    if record.op in ATTENTION_OPS:
+        self_attention = second[-2] == n
+    else:  # QK^T: [n, d] @ [d, n]; AV and the backward products: [n, n] @ [n, d]
+        self_attention = second[-1] == n or first[-1] == n
+    if not self_attention or record.macs % (n * n):
+        return record.macs
+    # every product over the n x n pairs is MACs = B * n * n * k; keep B * k * n(n+1)/2
+    return record.macs // n * (n + 1) // 2
+
+
+def split(
+    records: Iterable[OpRecord], roles: Mapping[str, str], causal_modules: frozenset[str] = frozenset()
+) -> Split:
+    """Sum the records by role; core ops of the *causal_modules* count the half triangle."""
     result = Split()
     seen_modules: dict[str, None] = {}
     groups: list[tuple[str, list[OpRecord]]] = []
     for record in records:
         role = role_of(record.scope, roles)
-        if record.op in ATTENTION_OPS:
+        if record.op in ATTENTION_OPS or record.op in TORCH_ATTENTION_OPS:
             bucket = "attention_core"
-        elif record.op in CONTRACTING_OPS:
+        elif record.op in CONTRACTING_OPS or record.op in _TORCH_PRODUCTS:
             if role == "attention":
                 bucket = {"param": "attention_proj", "buffer": "other"}.get(record.origin, "attention_core")
             elif role == "ffn":
@@ -164,7 +198,13 @@ def split(records: Iterable[OpRecord], roles: Mapping[str, str]) -> Split:
                 bucket = "other"
         else:
             bucket = "other"
-        setattr(result, bucket, getattr(result, bucket) + record.macs)
+        macs = record.macs
+        if bucket == "attention_core" and causal_modules and _causal(record.scope, causal_modules):
+            halved = _half(record)
+            if halved != macs:
+                result.halved = True
+            macs = halved
+        setattr(result, bucket, getattr(result, bucket) + macs)
         root = _attention_root(record.scope, roles) if role == "attention" else record.scope
         if role == "attention":
             seen_modules.setdefault(root, None)

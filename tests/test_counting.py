@@ -234,7 +234,7 @@ def test_model_is_untouched(monkeypatch):
     monkeypatch.setitem(counting.EXTRA_HANDLES, "aten::scaled_dot_product_attention", explode)
     pytest_attncost.api.clear_cache()  # the same call is cached: count it again
     with pytest.raises(ProfileError, match="forced failure"):
-        profile(model, 64)
+        profile(model, 64, fallback=False)
     monkeypatch.undo()
     bad_inputs = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "attention_mask": torch.ones(1, 3)}
     with pytest.raises(ProfileError, match="could not trace"):
@@ -351,7 +351,7 @@ def test_untraceable_model_gives_the_tracers_reason():
             return x
 
     with pytest.raises(ProfileError, match=r"could not trace DataDependent on the meta device: .*\nFix: make forward"):
-        profile(DataDependent(), inputs=(torch.zeros(1, 16, D),))
+        profile(DataDependent(), inputs=(torch.zeros(1, 16, D),), fallback=False)
 
 
 def test_callable_inputs_and_dict_inputs():

@@ -13,10 +13,11 @@ COUNTS = ["total_max", "attention_max", "ffn_max"]
 TOLERANCES = ["formula_rtol", "crossover_rtol", "max_increase"]
 LENGTHS = ["n", "batch"]
 TOKENS = ["crossover_min", "crossover_max"]
+FLAGS = ["crosscheck"]
 
 
 def test_every_keyword_is_covered():
-    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS) == KEYWORDS
+    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS) == KEYWORDS
 
 
 BAD = [float("nan"), float("inf"), -1, True, "abc", None, [0.5]]
@@ -27,6 +28,8 @@ BAD = [float("nan"), float("inf"), -1, True, "abc", None, [0.5]]
 def test_bad_values_name_the_keyword(keyword, value):
     if keyword in COUNTS and value == float("inf"):
         value = float("-inf")
+    if keyword in FLAGS and value is True:
+        value = 1  # an int is not a flag
     with pytest.raises(MarkerError, match=keyword if keyword != "n" else "n"):
         parse_marker_kwargs((), {keyword: value})
 
