@@ -242,8 +242,9 @@ def _structure(model: nn.Module) -> tuple[Any, ...]:
                 settings.append((key, value))
             elif callable(value) and not isinstance(value, nn.Module):
                 settings.append((key, id(value)))  # a forward patched on the instance
-        tensors = [(key, t.shape, t.dtype, type(t)) for key, t in module._parameters.items() if t is not None]
-        tensors += [(key, t.shape, t.dtype) for key, t in module._buffers.items() if t is not None]
+        tensors = [(key, t.shape, t.dtype, t.device.type, type(t)) for key, t in module._parameters.items()
+                   if t is not None]
+        tensors += [(key, t.shape, t.dtype, t.device.type) for key, t in module._buffers.items() if t is not None]
         parts.append((name, type(module), tuple(settings), tuple(tensors)))
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string"):

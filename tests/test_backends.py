@@ -1,0 +1,208 @@
+"""Two counters: fvcore (jit trace) and torch's FlopCounterMode (dispatcher, fake tensors)."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import tiny_models as tm
+from pytest_attncost import ProfileError, profile
+from test_counting import HF_TEXT, _hf, expected
+
+D, H, DH, F, L = tm.HIDDEN, tm.HEADS, tm.HEAD_DIM, tm.FFN, tm.LAYERS
+
+
+def parts(result):
+    return result.attention_core, result.attention_proj, result.ffn
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", HF_TEXT)
+def test_backends_agree_on_transformers(name, impl):
+    model, shape = _hf(name, impl)
+    for n in (128, 2048):
+        fv, th = profile(model, n), profile(model, n, backend="torch")
+        assert (fv.backend, th.backend) == ("fvcore", "torch")
+        assert parts(fv) == parts(th) == expected(n, 1, **shape), n
+        assert th.deviation == 0 and th.versions["torch"] == torch.__version__
+
+
+def test_backends_agree_on_vit_and_torch_modules():
+    from transformers import ViTConfig, ViTModel
+
+    vit = ViTModel(ViTConfig(hidden_size=D, num_attention_heads=H, num_hidden_layers=L, intermediate_size=F,
+                             image_size=128, patch_size=16))
+    assert parts(profile(vit)) == parts(profile(vit, backend="torch")) == expected(65, 1)
+    decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, F, batch_first=True), L)
+    for model, shape in ((tm.torch_encoder(), {}), (decoder, {"cross_m": None}),
+                         (nn.MultiheadAttention(D, H), {"layers": 1, "ffn": 0})):
+        for n in (128, 2048):
+            want = expected(n, 1, **{**shape, "cross_m": n} if "cross_m" in shape else shape)
+            assert parts(profile(model, n)) == parts(profile(model, n, backend="torch")) == want
+
+
+def test_hand_written_attention_agrees():
+    model, x = tm.HandWritten(), torch.zeros(1, 96, D)
+    fv = profile(model, inputs=(x,), roles=tm.HAND_ROLES)
+    th = profile(model, inputs=(x,), roles=tm.HAND_ROLES, backend="torch")
+    assert parts(fv) == parts(th) == expected(96, 1)
+
+
+def test_train_mode_is_three_forwards_on_bert_base():
+    from transformers import BertConfig, BertModel
+
+    def bert_base():
+        return BertModel(BertConfig())
+
+    forward = profile(bert_base, 128, backend="torch")
+    train = profile(bert_base, 128, mode="train")
+    assert (train.backend, train.mode) == ("torch", "train")  # asking for train switches backends
+    assert parts(train) == tuple(3 * p for p in parts(forward))
+    # the encoder's matrix products, to the MAC: 12 layers * (SA 327,155,712 + FFN 603,979,776) * 3
+    assert 3 * (327_155_712 + 603_979_776) * 12 == train.attention + train.ffn
+    assert train.by_module["encoder"] == 3 * forward.by_module["encoder"]
+    assert train.deviation == 0 and train.formula.attention_core == 3 * forward.formula.attention_core
+
+
+def test_causal_half_on_gpt2():
+    for impl in ("sdpa", "eager"):
+        model = tm.gpt2_like(attn_implementation=impl)
+        for backend in ("fvcore", "torch"):
+            n = 128
+            full = profile(model, n, backend=backend)
+            half = profile(model, n, backend=backend, causal="half")
+            # L layers * (QK^T + AV) over n(n+1)/2 pairs: 2 * 2 * h * d * n(n+1)/2
+            assert half.attention_core == L * 2 * H * DH * n * (n + 1) // 2 * 2 // 2 * 1 == 4_227_072
+            assert full.attention_core == L * 2 * H * DH * n * n
+            assert half.attention_proj == full.attention_proj and half.ffn == full.ffn
+            assert (half.causal, half.causal_applied, half.deviation) == ("half", True, 0)
+
+
+def test_causal_half_leaves_bidirectional_and_cross_attention_alone():
+    bert = profile(tm.bert_like(), 64, causal="half")
+    assert not bert.causal_applied and bert.attention_core == expected(64, 1)[0]
+    decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, F, batch_first=True), L)
+    assert profile(decoder, 64, causal="half").attention_core == expected(64, 1, cross_m=64)[0]
+
+
+def test_fallback_for_untraceable_models():
+    class Checked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(D, H, F, batch_first=True)
+
+        def forward(self, x):
+            if not torch.isfinite(x).all():  # reads values: neither the tracer nor fake tensors can
+                raise ValueError("non-finite input")
+            return self.layer(x)
+
+    result = profile(Checked(), inputs=(torch.zeros(1, 32, D),))
+    assert result.backend == "torch" and result.fallback.startswith("fvcore could not trace Checked")
+    assert parts(result) == expected(32, 1, layers=1)
+    with pytest.raises(ProfileError, match="could not trace Checked"):
+        profile(Checked(), inputs=(torch.zeros(1, 32, D),), fallback=False)
+    with torch.device("meta"):
+        on_meta = Checked()
+    with pytest.raises(ProfileError, match="real tensors were not tried: the model lives on the meta device"):
+        profile(on_meta, inputs=(torch.zeros(1, 32, D),))
+
+
+def test_bad_backend_options():
+    with pytest.raises(ProfileError, match="backend= must be one of fvcore, torch, got 'tf'"):
+        profile(tm.torch_encoder(), 16, backend="tf")
+    with pytest.raises(ProfileError, match="mode= must be one of forward, train"):
+        profile(tm.torch_encoder(), 16, mode="inference")
+    with pytest.raises(ProfileError, match="causal= must be one of full, half"):
+        profile(tm.torch_encoder(), 16, causal="quarter")
+
+
+CROSS_SUITE = """
+import pytest
+from tiny_models import bert_like, gpt2_like
+
+@pytest.mark.attncost(n=128, crosscheck=True)
+def test_bert(attncost):
+    attncost.profile(bert_like)
+
+def test_gpt2(attncost):
+    attncost.profile(gpt2_like, 128, causal="half")
+"""
+
+
+def test_crosscheck_agrees_and_reports(project):
+    project.makepyfile(test_suite=CROSS_SUITE)
+    result = project.runpytest("--attncost-report", "--attncost-json=out.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines([
+        "*verdict",
+        "test_suite.py::test_bert * BertModel * yes * ok",
+        "test_suite.py::test_gpt2 * GPT2Model (causal half) * - * -",
+        "cross-check (attention_core, attention_proj, ffn must agree; other may differ):",
+        "  test_suite.py::test_bert [[]BertModel[]]: agree; other fvcore 425,984 vs torch 16,384 MAC",
+    ])
+    rows = json.loads((project.path / "out.json").read_text())["profiles"]
+    assert rows[0]["crosscheck"]["agree"] is True and rows[0]["backend"] == "fvcore"
+    assert (rows[1]["causal"], rows[1]["causal_applied"], rows[1]["mode"]) == ("half", True, "forward")
+    assert {"torch", "fvcore", "pytest-attncost"} <= set(rows[0]["versions"])
+    everything = project.runpytest("--attncost-crosscheck", "--attncost-report")
+    everything.stdout.fnmatch_lines(["test_suite.py::test_gpt2 * GPT2Model (causal half) * yes * -"])
+
+
+def test_crosscheck_disagreement_fails_with_both_numbers(project):
+    project.makeconftest("""
+        import pytest
+        import pytest_attncost.counting as counting
+        from pytest_attncost import clear_cache
+
+        @pytest.fixture(autouse=True)
+        def doubled_sdpa(monkeypatch):
+            # a broken handle: fvcore now counts fused attention twice
+            original = counting.EXTRA_HANDLES["aten::scaled_dot_product_attention"]
+            monkeypatch.setitem(counting.EXTRA_HANDLES, "aten::scaled_dot_product_attention",
+                                lambda i, o: 2 * original(i, o))
+            clear_cache()
+            yield
+            clear_cache()
+    """)
+    project.makepyfile(test_suite=CROSS_SUITE)
+    result = project.runpytest("--attncost-report")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*backends disagree on attention_core: fvcore 16,777,216 vs torch 8,388,608 MAC (formula 8,388,608)*",
+        "test_suite.py::test_bert * NO * FAIL",
+    ])
+
+
+def test_ini_backend_and_strict_fallback(project):
+    project.makeini("[pytest]\nattncost_backend = torch\n")
+    project.makepyfile(test_suite="""
+        import torch
+        from torch import nn
+        from tiny_models import bert_like
+
+        class Checked(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.attn = nn.MultiheadAttention(128, 2, batch_first=True)
+
+            def forward(self, x):
+                assert torch.isfinite(x).all()
+                return self.attn(x, x, x)[0]
+
+        def test_ini(attncost):
+            assert attncost.profile(bert_like, 64).backend == "torch"
+
+        def test_fallback(attncost):
+            result = attncost.profile(Checked(), inputs=(torch.zeros(1, 8, 128),), backend="fvcore")
+            assert result.fallback
+    """)
+    project.runpytest().assert_outcomes(passed=2)
+    result = project.runpytest("--attncost-strict", "--attncost-report")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*counted by the torch backend because fvcore could not trace the model (fvcore could not trace Checked*",
+        "*Checked (torch fallback)*",
+    ])
+    bad = project.runpytest("--attncost-backend=tf")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
