@@ -287,25 +287,29 @@ def meta_twin(model: nn.Module) -> nn.Module:
             f"cannot copy {type(model).__name__} to count it ({type(exc).__name__}: {exc}); "
             "pass a zero-argument factory instead of the module, e.g. profile(lambda: MyModel(cfg))"
         ) from exc
+    _drop_hooks(clone)
     for module in clone.modules():
-        for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                     "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+        _patchify_conv(module)
+    return clone
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+               "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def _drop_hooks(clone: nn.Module) -> None:
+    """A copy's hooks are the user's: they must neither fire during counting nor be counted."""
+    for module in clone.modules():
+        for name in _HOOK_DICTS:
             hooks = getattr(module, name, None)
             if hooks is not None:
                 hooks.clear()
-        _patchify_conv(module)
-    return clone
 
 
 def real_twin(model: nn.Module) -> nn.Module:
     """A full copy, weights included, without hooks: for the real-tensor fallback at small n."""
     clone = copy.deepcopy(model)
-    for module in clone.modules():
-        for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                     "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
-            hooks = getattr(module, name, None)
-            if hooks is not None:
-                hooks.clear()
+    _drop_hooks(clone)
     return clone
 
 
