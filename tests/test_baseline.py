@@ -201,3 +201,14 @@ def test_xdist_gives_the_same_verdicts(suite, monkeypatch):
         return [(r["test_id"], r["verdict"], r["vs_baseline"], r["problems"]) for r in rows]
 
     assert verdicts("serial.json") == verdicts("parallel.json")
+
+
+def test_version_drift_is_warned(suite):
+    suite.runpytest("--attncost-save=base.json")
+    path = suite.path / "base.json"
+    document = json.loads(path.read_text())
+    document["versions"]["torch"] = "0.0.1"
+    path.write_text(json.dumps(document))
+    result = suite.runpytest("--attncost-compare=base.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*warning: the baseline was made with other versions (torch 0.0.1 -> *); counts may differ*"])
