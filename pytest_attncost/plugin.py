@@ -60,6 +60,8 @@ _BACKEND_HELP = "Default counter: fvcore (jit trace, default) or torch (FlopCoun
 _CROSSCHECK_HELP = "Count every profile with both backends; fail a test whose counts disagree."
 _PLOT_HELP = "Write PNG and SVG plots of every attncost.sweep() to this directory (needs matplotlib)."
 
+# Bounds, baseline regressions, cross-checks and strict mode all fail a test through this one header.
+CHECKS_FAILED = "attncost checks failed:"
 FALLBACK_MESSAGE = "counted by the torch backend because fvcore could not trace the model ({reason}) (--attncost-strict)"
 CROSSCHECK_MESSAGE = "backends disagree on {part}: {first} {a:,} vs {second} {b:,} MAC (formula {formula})"
 
@@ -528,7 +530,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if problems == [NO_PROFILE]:
             report.longrepr = f"@pytest.mark.attncost: {NO_PROFILE}"
         else:
-            report.longrepr = "@pytest.mark.attncost bounds broken:\n" + "\n".join(f"  {p}" for p in problems)
+            report.longrepr = CHECKS_FAILED + "\n" + "\n".join(f"  {p}" for p in problems)
     return report
 
 
@@ -572,10 +574,6 @@ class AttncostSession:
         for (nodeid, _), row in self.rows.items():
             rows.append({**row, "outcome": self.outcomes.get(nodeid, "passed")})
         return rows
-
-    @property
-    def wanted(self) -> bool:
-        return self.settings.report or self.settings.json_path is not None or self.settings.markdown_path is not None
 
     def missing(self) -> list[tuple[str, str, int, int, str, str, str]]:
         """Baseline entries that no profile of this run matched."""

@@ -216,7 +216,7 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
                          f"other {first} {a['other']:,} vs {second} {b['other']:,} MAC")
     failed = [r for r in rows if r.get("problems")]
     if failed:
-        lines += ["", "bounds broken:"]
+        lines += ["", "checks failed:"]
         for row in failed:
             lines += [f"  {row['test_id']} [{row['name']}]: {p}" for p in row["problems"]]
     return lines
@@ -257,7 +257,7 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
         out += ["", "**Ops fvcore skipped** (not in the counts):", "", *(f"- {u}" for u in unsupported)]
     failed = [r for r in rows if r.get("problems")]
     if failed:
-        out += ["", "**Bounds broken:**", ""]
+        out += ["", "**Checks failed:**", ""]
         for row in failed:
             out += [f"- `{row['test_id']}` {row['name']}: {p}" for p in row["problems"]]
     return "\n".join(out) + "\n"
