@@ -74,7 +74,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             model = model.module
         elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+            model = model._orig_mod  # type: ignore[assignment]
         else:
             return model
 
@@ -155,6 +155,7 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
     meta = torch.device("meta")
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "model_type"):
+        params: Mapping[str, Any]
         try:
             params = inspect.signature(model.forward).parameters
         except (TypeError, ValueError):
@@ -234,7 +235,7 @@ def _structure(model: nn.Module) -> tuple[Any, ...]:
     """Module tree, classes, flags, hyper-parameters, and the shape and dtype of every tensor."""
     parts: list[Any] = []
     for name, module in model.named_modules(remove_duplicate=False):
-        settings = []
+        settings: list[tuple[str, Any]] = []
         for key, value in vars(module).items():
             if key[0] == "_":
                 continue
@@ -242,8 +243,8 @@ def _structure(model: nn.Module) -> tuple[Any, ...]:
                 settings.append((key, value))
             elif callable(value) and not isinstance(value, nn.Module):
                 settings.append((key, id(value)))  # a forward patched on the instance
-        tensors = [(key, t.shape, t.dtype, t.device.type, type(t)) for key, t in module._parameters.items()
-                   if t is not None]
+        tensors: list[tuple[Any, ...]] = [(key, t.shape, t.dtype, t.device.type, type(t))
+                                          for key, t in module._parameters.items() if t is not None]
         tensors += [(key, t.shape, t.dtype, t.device.type) for key, t in module._buffers.items() if t is not None]
         parts.append((name, type(module), tuple(settings), tuple(tensors)))
     config = getattr(model, "config", None)
@@ -257,7 +258,7 @@ def _structure(model: nn.Module) -> tuple[Any, ...]:
 
 def _inputs_key(inputs: Any) -> Hashable:
     leaves, spec = pytree.tree_flatten(inputs)
-    described = []
+    described: list[tuple[Any, ...]] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             described.append(("tensor", tuple(leaf.shape), str(leaf.dtype)))

@@ -253,9 +253,9 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
         )
         out = outputs[0]
         out_shape = tuple(_shape(out)) if out.type().kind() == "TensorType" and out.isCompleteTensor() else ()
+        count = int(round(float(macs)))  # type: ignore[arg-type]  # fvcore handles return int or float
         ctx.records.append(
-            OpRecord(op=op, scope=_scope_of(out.node()), macs=int(round(macs)), origin=origin, shapes=shapes,
-                     out_shape=out_shape)
+            OpRecord(op=op, scope=_scope_of(out.node()), macs=count, origin=origin, shapes=shapes, out_shape=out_shape)
         )
         return value
 
@@ -572,7 +572,7 @@ def count_forward_torch(
                     grads = [t for t in leaves if t.requires_grad and t.is_floating_point()]
                     if not grads:
                         raise CountError("train mode needs an output that requires grad; none did")
-                    sum(t.sum() for t in grads).backward()
+                    torch.stack([t.sum() for t in grads]).sum().backward()
     except CountError:
         raise
     except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue

@@ -183,9 +183,9 @@ def threshold_notes(data: Mapping[str, Any]) -> tuple[str, str]:
     """'attention overtakes FFN at n=1536 = 2hd' and 'quadratic term dominates at n=4608 = 6hd'."""
     spec = data.get("spec")
     crossover, quadratic = data.get("crossover_n"), data.get("quadratic_n")
-    hd = spec["heads"] * spec["head_dim"] if spec else None
     if spec is None:
         return ("no spec, so no threshold", "no spec, so no threshold")
+    hd = spec["heads"] * spec["head_dim"]
     if crossover is None:
         first = "attention costs more than the FFN at every n"
     else:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 BOUNDS_KEY = pytest.StashKey[Bounds]()
-PROFILES_KEY = pytest.StashKey[list["Profile"]]()
+PROFILES_KEY = pytest.StashKey["list[Profile]"]()
 SWEEPS_KEY = pytest.StashKey[list["Sweep"]]()
 CROSSCHECK_KEY = pytest.StashKey[dict[int, Any]]()
 BASELINE_KEY = pytest.StashKey["Baselines"]()
@@ -356,12 +356,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before each test's fixtures: refuse a malformed marker, naming the test and the keyword."""
+    problem: str | None = None
     try:
         bounds = _parse(item)
     except MarkerError as exc:
         problem = str(exc)
-    else:
-        problem = None
     if problem is not None:  # outside the except block: no chained traceback in the report
         pytest.fail(f"{item.nodeid}: @pytest.mark.attncost: {problem}", pytrace=False)
     if bounds is not None:
@@ -394,7 +393,7 @@ class AttncostFixture:
     @property
     def profiles(self) -> list[Profile]:
         """Profiles made so far in this test."""
-        return list(self._item.stash.get(PROFILES_KEY, []))
+        return list(self._item.stash.get(PROFILES_KEY, []))  # type: ignore[arg-type]
 
     def profile(
         self,
@@ -561,9 +560,9 @@ class AttncostSession:
         index = 0
         for key, value in report.user_properties:
             if key == USER_PROPERTY:
-                self.rows[(report.nodeid, index)] = json.loads(value) if isinstance(value, str) else dict(value)
+                self.rows[(report.nodeid, index)] = json.loads(value) if isinstance(value, str) else dict(value)  # type: ignore[call-overload]
             elif key == SWEEP_PROPERTY:
-                self.sweeps[(report.nodeid, index)] = json.loads(value) if isinstance(value, str) else dict(value)
+                self.sweeps[(report.nodeid, index)] = json.loads(value) if isinstance(value, str) else dict(value)  # type: ignore[call-overload]
             index += 1
 
     def final_sweeps(self) -> list[dict[str, Any]]:
