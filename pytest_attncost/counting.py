@@ -558,8 +558,7 @@ def count_forward_torch(
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), mode:
-            warnings.simplefilter("ignore", UserWarning)
+        with torch.random.fork_rng(devices=[]), mode:
             if fake:
                 args, kwargs = pytree.tree_map(
                     lambda leaf: mode.from_tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, (args, kwargs)

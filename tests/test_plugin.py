@@ -389,6 +389,7 @@ def test_warnings_as_errors(project):
         def test_user_warning(attncost):
             warnings.warn("from the user's code", UserWarning)
     """)
-    result = project.runpytest_subprocess("-W", "error")
+    # --attncost-crosscheck: both counters (fvcore's trace, torch's fake tensors) run under -W error
+    result = project.runpytest_subprocess("-W", "error", "--attncost-crosscheck")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*UserWarning: from the user's code*"])
