@@ -130,8 +130,12 @@ def threshold_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def unsupported_lines(rows: Sequence[Row]) -> list[str]:
-    """Ops fvcore skipped, per profile; matrix products among them are flagged."""
-    lines = []
+    """Ops fvcore skipped, one line per model and set of ops; matrix products among them are flagged.
+
+    Profiles of one model usually skip the same ops at every length, so they share a line
+    that names them all (the first three, then how many more).
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         ops = row.get("unsupported_ops") or {}
         if not ops:
@@ -139,7 +143,11 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
         skipped = set(row.get("skipped_matmul_ops") or {})
         text = ", ".join(f"{op.removeprefix('aten::')} x{count}" + (" (MATMUL, not counted!)" if op in skipped else "")
                          for op, count in sorted(ops.items()))
-        lines.append(f"{row['test_id']} [{row['name']} n={row['n']}]: {text}")
+        groups.setdefault((row["name"], text), []).append(f"{row['test_id']} n={row['n']}")
+    lines = []
+    for (name, text), where in groups.items():
+        shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+        lines.append(f"{name} [{shown}]: {text}")
     return lines
 
 
