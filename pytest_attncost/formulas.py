@@ -167,6 +167,13 @@ class Costs:
                 "ffn": self.ffn, "attention": self.attention}
 
 
+def relative_deviation(measured: int, expected: int) -> float:
+    """|measured - expected| / expected; 0 when both are 0, 1.0 when only the formula is 0."""
+    if expected == 0:
+        return 0.0 if measured == 0 else 1.0
+    return abs(measured - expected) / expected
+
+
 def _check_length(name: str, value: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")

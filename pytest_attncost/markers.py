@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .units import UnitError, format_count, parse_count
+from .formulas import relative_deviation
+from .units import UnitError, format_count, format_tokens, parse_count
 
 __all__ = ["Bounds", "MarkerError", "check_bounds", "parse_marker_kwargs", "MARKER_HELP"]
 
@@ -259,7 +260,7 @@ def check_bounds(bounds: Bounds, data: Mapping[str, Any], unit: str = "mac") -> 
         else:
             for part in ("attention_core", "attention_proj", "ffn"):
                 got, want = data[part], formula[part]
-                dev = abs(got - want) / want if want else (0.0 if got == 0 else 1.0)
+                dev = relative_deviation(got, want)
                 if dev > bounds.formula_rtol:
                     problems.append(
                         f"{part} {got:,} MAC deviates {dev:.2%} from the formula's {want:,} "
@@ -275,10 +276,6 @@ def _exact(value: Fraction) -> str:
 NO_SWEEP = "crossover bounds need a sweep: call attncost.sweep(model, [n1, n2, ...]) in the test body"
 
 
-def _tokens(value: float) -> str:
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
-
-
 def check_sweep(bounds: Bounds, data: Mapping[str, Any]) -> list[str]:
     """Every crossover bound this sweep (a ``Sweep.to_dict()``) breaks."""
     if not bounds.has_sweep_bounds:
@@ -287,7 +284,7 @@ def check_sweep(bounds: Bounds, data: Mapping[str, Any]) -> list[str]:
     if data.get("error"):
         return [f"sweep of {name}: {data['error']}"]
     measured, formula = data["crossover_n"], data["formula_crossover_n"]
-    note = "no formula" if formula is None else f"formula {_tokens(formula)}"
+    note = "no formula" if formula is None else f"formula {format_tokens(formula)}"
     where = f"(sweep of {name} over n={data['lengths']}; {note})"
     problems = []
     if measured is None:
@@ -295,15 +292,15 @@ def check_sweep(bounds: Bounds, data: Mapping[str, Any]) -> list[str]:
             problems.append(f"no crossover: attention never equals the FFN {where}")
         return problems
     if bounds.crossover_min is not None and measured < bounds.crossover_min:
-        problems.append(f"crossover n={_tokens(measured)} < crossover_min {_tokens(bounds.crossover_min)} {where}")
+        problems.append(f"crossover n={format_tokens(measured)} < crossover_min {format_tokens(bounds.crossover_min)} {where}")
     if bounds.crossover_max is not None and measured > bounds.crossover_max:
-        problems.append(f"crossover n={_tokens(measured)} > crossover_max {_tokens(bounds.crossover_max)} {where}")
+        problems.append(f"crossover n={format_tokens(measured)} > crossover_max {format_tokens(bounds.crossover_max)} {where}")
     if bounds.crossover_rtol is not None:
         if formula is None:
             problems.append(f"crossover_rtol needs the model's shape: pass spec=ModelSpec(...) {where}")
         elif abs(measured - formula) > bounds.crossover_rtol * formula:
             problems.append(
-                f"crossover n={_tokens(measured)} deviates {abs(measured - formula) / formula:.2%} from the "
-                f"formula's {_tokens(formula)} (crossover_rtol {bounds.crossover_rtol}) {where}"
+                f"crossover n={format_tokens(measured)} deviates {abs(measured - formula) / formula:.2%} from the "
+                f"formula's {format_tokens(formula)} (crossover_rtol {bounds.crossover_rtol}) {where}"
             )
     return problems

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .markers import threshold_notes
-from .units import format_count
+from .units import format_count, format_tokens
 
 __all__ = ["SCHEMA", "render_json", "render_markdown", "render_terminal", "sort_rows", "write_atomic"]
 
@@ -162,12 +162,6 @@ def _table(headers: list[str], body: list[list[str]]) -> list[str]:
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in body)]
 
 
-def _tokens(value: float | None) -> str:
-    if value is None:
-        return "none"
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
-
-
 def sweep_lines(sweeps: Sequence[Row]) -> list[str]:
     """One line per sweep: thresholds solved from the measurements, beside the formula's."""
     lines = []
@@ -177,9 +171,9 @@ def sweep_lines(sweeps: Sequence[Row]) -> list[str]:
             lines.append(f"{head}: {data['error']}")
             continue
         lines.append(
-            f"{head}: attention = FFN at n={_tokens(data['crossover_n'])} "
-            f"(formula {_tokens(data['formula_crossover_n'])}); quadratic term = linear terms at "
-            f"n={_tokens(data['quadratic_crossover_n'])} (formula {_tokens(data['formula_quadratic_n'])})"
+            f"{head}: attention = FFN at n={format_tokens(data['crossover_n'])} "
+            f"(formula {format_tokens(data['formula_crossover_n'])}); quadratic term = linear terms at "
+            f"n={format_tokens(data['quadratic_crossover_n'])} (formula {format_tokens(data['formula_quadratic_n'])})"
         )
     return lines
 

@@ -9,18 +9,11 @@ from typing import Any
 
 from . import formulas
 from .counting import MATMUL_LIKE_UNSUPPORTED
-from .formulas import Costs, ModelSpec
+from .formulas import Costs, ModelSpec, relative_deviation
 
 __all__ = ["Profile"]
 
 COMPONENTS = ("attention_core", "attention_proj", "ffn")
-
-
-def relative_deviation(measured: int, expected: int) -> float:
-    """|measured - expected| / expected; 0 when both are 0, 1.0 when only the formula is 0."""
-    if expected == 0:
-        return 0.0 if measured == 0 else 1.0
-    return abs(measured - expected) / expected
 
 
 @dataclass(frozen=True)

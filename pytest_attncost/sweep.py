@@ -12,7 +12,7 @@ between grid points:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, overload
@@ -153,7 +153,3 @@ class Sweep(Sequence[Profile]):
             "profiles": [p.to_dict() for p in self._profiles],
         }
 
-
-def sweep_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The per-n series of a ``Sweep.to_dict()``, for plotting."""
-    return [dict(row) for row in data["profiles"]]

@@ -11,7 +11,7 @@ import math
 import re
 from fractions import Fraction
 
-__all__ = ["UnitError", "format_count", "parse_count", "UNITS"]
+__all__ = ["UnitError", "format_count", "format_tokens", "parse_count", "UNITS"]
 
 PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 UNITS = ("mac", "flop")
@@ -67,6 +67,13 @@ def parse_count(value: object) -> Fraction:
     macs = number * PREFIXES[match["prefix"].lower()]
     unit = (match["unit"] or "mac").lower().rstrip("s")
     return macs / FLOP_PER_MAC if unit == "flop" else macs
+
+
+def format_tokens(value: float | None) -> str:
+    """A length in tokens: ``1,536``, ``8,320.5``, or ``none``."""
+    if value is None:
+        return "none"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True) -> str:
