@@ -152,18 +152,19 @@ def bloom(n: int, b: int) -> dict[str, int]:
     return bert_like(n, b, width=4 * D)  # dense_h_to_4h is always 4 * hidden
 
 
+def non_gated_gqa(n: int, b: int, kv: int = G) -> dict[str, int]:
+    return times(L, add(self_attention(b, n, D, H, D // H, kv), mlp(b * n, D, F)))
+
+
 def falcon_mqa(n: int, b: int) -> dict[str, int]:
-    # multi_query: query_key_value is hidden -> hidden + 2 * head_dim (one K, one V head).
-    return llama_like(n, b, kv=1, width=F) | {"ffn": L * 2 * lin(b * n, D, F)}
+    # multi_query (the default): query_key_value is hidden -> hidden + 2 * head_dim (one K/V head);
+    # parallel_attn: attention and MLP read the same input, which changes nothing here.
+    return non_gated_gqa(n, b, kv=1)
 
 
 def falcon_gqa(n: int, b: int) -> dict[str, int]:
     # new_decoder_architecture: query_key_value is hidden -> (heads + 2 * kv_heads) * head_dim.
-    return llama_like(n, b, kv=G, width=F) | {"ffn": L * 2 * lin(b * n, D, F)}
-
-
-def non_gated_gqa(n: int, b: int, kv: int = G) -> dict[str, int]:
-    return times(L, add(self_attention(b, n, D, H, D // H, kv), mlp(b * n, D, F)))
+    return non_gated_gqa(n, b, kv=G)
 
 
 def t5(n: int, b: int, gated: bool = False) -> dict[str, int]:
@@ -230,6 +231,9 @@ DECODER_SHAPE = dict(TEXT, hidden_size=D, num_hidden_layers=L, num_attention_hea
 GQA_SHAPE = dict(DECODER_SHAPE, num_key_value_heads=G)
 IMAGE = dict(image_size=32, patch_size=8)  # (32 / 8)^2 = 16 patches + the class token
 VISION_N = (32 // 8) ** 2 + 1
+# Mixtures of experts run transformers' default experts implementation (grouped_mm) in the
+# sdpa/eager rows; one more row each runs batched_mm (gathered expert weights, one bmm).
+BATCHED_MM = {"batched_mm": {"experts_implementation": "batched_mm"}}
 
 FAMILIES = [
     Case("bert", "BertConfig", "BertModel", BERT_SHAPE, bert_like),
@@ -298,18 +302,19 @@ FAMILIES = [
          bert_like, n=VISION_N),
     Case("mixtral", "MixtralConfig", "MixtralModel",
          dict(GQA_SHAPE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), mixtral,
-         extra={"batched_mm": {"experts_implementation": "batched_mm"}}),
+         extra=BATCHED_MM),
     Case("qwen2-moe", "Qwen2MoeConfig", "Qwen2MoeModel",
          dict(GQA_SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-              shared_expert_intermediate_size=48, decoder_sparse_step=2, mlp_only_layers=[]), qwen2_moe),
+              shared_expert_intermediate_size=48, decoder_sparse_step=2, mlp_only_layers=[]), qwen2_moe,
+         extra=BATCHED_MM),
     Case("qwen3-moe", "Qwen3MoeConfig", "Qwen3MoeModel",
          dict(GQA_SHAPE, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-              decoder_sparse_step=1, mlp_only_layers=[]), qwen3_moe),
+              decoder_sparse_step=1, mlp_only_layers=[]), qwen3_moe, extra=BATCHED_MM),
     Case("deepseek-v3", "DeepseekV3Config", "DeepseekV3Model",
          dict(DECODER_SHAPE, num_key_value_heads=H, moe_intermediate_size=32, first_k_dense_replace=1,
               n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
               q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16),
-         deepseek_v3),
+         deepseek_v3, extra=BATCHED_MM),
 ]
 
 CASES = [(row_id, family, kwargs) for family in FAMILIES for row_id, kwargs in family.rows()]
