@@ -1,0 +1,521 @@
+"""Honest numbers in every mode (issue 12): train-mode scopes, causal masks, what torch runs,
+exact einsum, quantized and scripted models, global hooks, and a user's model left alone.
+
+The two models are written out here: a nanoGPT-style GPT (one fused ``c_attn``, sdpa with
+``is_causal=True``, an ``MLP``) and the "Let's build GPT" lecture model (``Head`` with a
+``tril`` buffer and ``masked_fill``, ``MultiHeadAttention``, ``FeedForward``, ``Block``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pytest_attncost.counting import (
+    MASK_CAUSAL,
+    MASK_NONE,
+    MASK_UNKNOWN,
+    SCRIPTED_MESSAGE,
+    CountError,
+    buffer_masks,
+    count_forward,
+    count_forward_torch,
+    meta_twin,
+    real_twin,
+    to_meta,
+)
+
+VOCAB, BLOCK, D, H, LAYERS = 64, 32, 32, 2, 2
+BATCH, T = 2, 16
+DH = D // H
+
+
+# --- the two models ---------------------------------------------------------------------------
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(D, 3 * D)
+        self.c_proj = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(D, 4 * D)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class NanoBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(D), CausalSelfAttention(), nn.LayerNorm(D), MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(VOCAB, D), wpe=nn.Embedding(BLOCK, D),
+            h=nn.ModuleList([NanoBlock() for _ in range(LAYERS)]), ln_f=nn.LayerNorm(D),
+        ))
+        self.lm_head = nn.Linear(D, VOCAB, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT does
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+class Head(nn.Module):
+    """The lecture's head; ``mask`` picks how the causal (or other) mask is written."""
+
+    def __init__(self, mask: str = "buffer") -> None:
+        super().__init__()
+        self.key = nn.Linear(D, DH, bias=False)
+        self.query = nn.Linear(D, DH, bias=False)
+        self.value = nn.Linear(D, DH, bias=False)
+        self.register_buffer("tril", torch.tril(torch.ones(BLOCK, BLOCK)))
+        self.mask = mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, t, _ = x.shape
+        k, q, v = self.key(x), self.query(x), self.value(x)
+        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
+        if self.mask == "buffer":
+            wei = wei.masked_fill(self.tril[:t, :t] == 0, float("-inf"))
+        elif self.mask == "inline_tril":
+            wei = wei.masked_fill(torch.tril(torch.ones(t, t, device=x.device)) == 0, float("-inf"))
+        elif self.mask == "method_tril":
+            wei = wei.masked_fill(torch.ones(t, t, device=x.device).tril() == 0, float("-inf"))
+        elif self.mask == "triu_bool":
+            wei = wei.masked_fill(torch.triu(torch.ones(t, t, device=x.device), diagonal=1).bool(), float("-inf"))
+        elif self.mask == "additive":  # nn.Transformer.generate_square_subsequent_mask
+            wei = wei + torch.triu(torch.full((t, t), float("-inf"), device=x.device), diagonal=1)
+        elif self.mask == "anti_causal":  # masks the lower triangle: not causal
+            wei = wei.masked_fill(self.tril[:t, :t] == 1, float("-inf"))
+        elif self.mask == "shifted":  # a crop away from the origin: the form cannot be told
+            wei = wei.masked_fill(self.tril[1 : t + 1, 1 : t + 1] == 0, float("-inf"))
+        elif self.mask == "padding":
+            wei = wei.masked_fill(x[:, None, :, 0] > 0, float("-inf"))
+        wei = F.softmax(wei, dim=-1)
+        return wei @ v
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList([Head(mask) for _ in range(H)])
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([head(x) for head in self.heads], dim=-1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(D, 4 * D), nn.ReLU(), nn.Linear(4 * D, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class Block(nn.Module):
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.sa, self.ffwd, self.ln1, self.ln2 = MultiHeadAttention(mask), FeedForward(), nn.LayerNorm(D), nn.LayerNorm(D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.sa(self.ln1(x))
+        return x + self.ffwd(self.ln2(x))
+
+
+class LectureGPT(nn.Module):
+    def __init__(self, mask: str = "buffer") -> None:
+        super().__init__()
+        self.token_embedding_table = nn.Embedding(VOCAB, D)
+        self.position_embedding_table = nn.Embedding(BLOCK, D)
+        self.blocks = nn.Sequential(*[Block(mask) for _ in range(LAYERS)])
+        self.ln_f = nn.LayerNorm(D)
+        self.lm_head = nn.Linear(D, VOCAB)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        tok = self.token_embedding_table(idx)
+        pos = self.position_embedding_table(torch.arange(idx.shape[1], device=idx.device))
+        return self.lm_head(self.ln_f(self.blocks(tok + pos)))
+
+
+MODELS = {"nanogpt": NanoGPT, "lecture": LectureGPT}
+
+# Written out by hand for B=2, T=16, d=32, h=2 (d_h=16), ffn 4d=128, vocab 64, two layers:
+QKV = BATCH * T * D * 3 * D  # 98,304: c_attn, or key+query+value over both heads
+CORE = 2 * BATCH * H * T * T * DH  # 32,768: QK^T [T, d_h] @ [d_h, T] and AV [T, T] @ [T, d_h], per head
+OUT = BATCH * T * D * D  # 32,768
+FFN = 2 * BATCH * T * D * 4 * D  # 262,144
+LM_HEAD = BATCH * T * D * VOCAB  # 65,536
+FORWARD = LAYERS * (QKV + CORE + OUT + FFN) + LM_HEAD  # 917,504 (no layer norms on the torch backend)
+
+
+def _tokens() -> tuple[torch.Tensor, ...]:
+    return to_meta((torch.zeros(BATCH, T, dtype=torch.long),))
+
+
+def _per_scope(records) -> dict[str, int]:
+    scopes: Counter[str] = Counter()
+    for record in records:
+        scopes[record.scope] += record.macs
+    return dict(scopes)
+
+
+# --- 1. train mode: every backward product in the scope of its forward op --------------------
+
+_SEED_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import test_counting_modes as t
+out = {{}}
+for name, cls in t.MODELS.items():
+    model = cls()
+    train = t.count_forward_torch(t.meta_twin(model), t._tokens(), {{}}, train=True,
+                                  buffer_masks=t.buffer_masks(model))
+    out[name] = {{"train": t._per_scope(train.records), "by_module": train.by_module,
+                 "records": [[r.op, r.scope, r.macs, r.origin, r.mask] for r in train.records]}}
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_train_scopes_are_the_same_under_every_hash_seed_and_three_times_forward():
+    script = _SEED_SCRIPT.format(tests=str(Path(__file__).parent))
+    runs = []
+    for seed in ("0", "1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        runs.append(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env))
+    results = []
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err[-2000:]
+        results.append(json.loads(out))
+    assert results[0] == results[1] == results[2]  # records, scopes, origins, masks: all of it
+    for name, counts in results[0].items():
+        forward, train = _per_scope(count_forward_torch(meta_twin(MODELS[name]()), _tokens(), {}).records), counts["train"]
+        assert sum(forward.values()) == FORWARD
+        assert sum(train.values()) == 3 * FORWARD == 2_752_512
+        assert counts["by_module"][""] == 3 * FORWARD
+        assert set(train) == set(forward), name
+        for scope, macs in forward.items():
+            assert train[scope] == 3 * macs, (name, scope, train[scope], macs)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_backward_products_keep_their_forward_origin_and_mask(name):
+    model = MODELS[name]()
+    raw = count_forward_torch(meta_twin(model), _tokens(), {}, train=True, buffer_masks=buffer_masks(model))
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for record in raw.records:
+        if record.scope in linears:
+            # x @ W^T, dL/dx = g @ W, dL/dW = g^T @ x: all three are products of that Linear's weight
+            assert record.origin == "param" and record.mask == MASK_NONE, record
+        else:
+            # QK^T, AV and their four gradients: activations, under the causal mask
+            assert record.op == "aten::bmm" and record.origin == "activation" and record.mask == MASK_CAUSAL, record
+    cores = [r for r in raw.records if r.origin == "activation"]
+    assert sum(r.macs for r in cores) == 3 * LAYERS * CORE
+
+
+# --- 2. causal masks ---------------------------------------------------------------------------
+
+
+def _cores(raw):
+    return [r for r in raw.records if r.origin == "activation" and r.macs and r.op != "aten::layer_norm"]
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_nanogpt_is_causal_sdpa(backend):
+    count = count_forward if backend == "fvcore" else count_forward_torch
+    raw = count(meta_twin(NanoGPT()), _tokens(), {})
+    cores = _cores(raw)
+    assert cores and all(r.mask == MASK_CAUSAL for r in cores)
+    assert sum(r.macs for r in cores) == LAYERS * CORE
+    assert all(r.mask == MASK_NONE for r in raw.records if r.origin == "param")
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+@pytest.mark.parametrize(
+    ("form", "expected"),
+    [("buffer", MASK_CAUSAL), ("inline_tril", MASK_CAUSAL), ("method_tril", MASK_CAUSAL),
+     ("triu_bool", MASK_CAUSAL), ("additive", MASK_CAUSAL), ("anti_causal", MASK_UNKNOWN),
+     ("shifted", MASK_UNKNOWN), ("padding", MASK_UNKNOWN), ("none", MASK_NONE)],
+)
+def test_mask_forms(backend, form, expected):
+    model = LectureGPT(form)
+    count = count_forward if backend == "fvcore" else count_forward_torch
+    raw = count(meta_twin(model), _tokens(), {}, buffer_masks=buffer_masks(model))
+    cores = _cores(raw)
+    assert len(cores) == 2 * H * LAYERS  # QK^T and AV per head and layer
+    assert [r.mask for r in cores] == [expected] * len(cores)
+    assert sum(r.macs for r in cores) == LAYERS * CORE
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_a_mask_buffer_is_unknown_without_its_values(backend):
+    """The twin's buffers are empty: without buffer_masks= the form of ``self.tril`` cannot be told."""
+    count = count_forward if backend == "fvcore" else count_forward_torch
+    raw = count(meta_twin(LectureGPT()), _tokens(), {})
+    assert {r.mask for r in _cores(raw)} == {MASK_UNKNOWN}
+
+
+def test_buffer_masks_reads_the_original():
+    model = LectureGPT()
+    assert buffer_masks(model) == {f"blocks.{i}.sa.heads.{j}.tril": (("lower", 0), 1.0)
+                                   for i in range(LAYERS) for j in range(H)}
+    assert buffer_masks(meta_twin(model)) == {}  # nothing to read on the meta device
+    assert buffer_masks(NanoGPT()) == {}
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("bool", MASK_CAUSAL), ("float", MASK_CAUSAL),
+                                              ("is_causal", MASK_CAUSAL), ("padding", MASK_UNKNOWN),
+                                              ("none", MASK_NONE)])
+def test_sdpa_attn_mask_forms(kind, expected):
+    class Attention(nn.Module):
+        def forward(self, q, k, v):
+            n = q.shape[-2]
+            if kind == "is_causal":
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if kind == "none":
+                return F.scaled_dot_product_attention(q, k, v)
+            if kind == "padding":  # True = attend; its form depends on values
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=k[..., :1].transpose(-2, -1) > 0)
+            if kind == "bool":  # True = attend
+                mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            else:
+                mask = torch.zeros(n, n, device=q.device).masked_fill(
+                    torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    qkv = to_meta(tuple(torch.zeros(BATCH, H, T, DH) for _ in range(3)))
+    for count in (count_forward, count_forward_torch):
+        raw = count(meta_twin(Attention()), qkv, {})
+        assert {r.mask for r in raw.records} == {expected}, count.__name__
+        assert raw.total == CORE
+
+
+# --- 3. the torch backend counts what it runs ----------------------------------------------------
+
+
+def test_real_cpu_sdpa_kernel_is_counted_forward_and_backward():
+    """On real CPU tensors sdpa runs _scaled_dot_product_flash_attention_for_cpu (no formula in torch)."""
+    model = NanoGPT()
+    tokens = (torch.zeros(BATCH, T, dtype=torch.long),)
+    raw = count_forward_torch(real_twin(model), tokens, {}, fake=False)
+    assert raw.total == FORWARD
+    fused = [r for r in raw.records if r.op == "aten::_scaled_dot_product_flash_attention_for_cpu"]
+    assert [r.macs for r in fused] == [CORE] * LAYERS and all(r.mask == MASK_CAUSAL for r in fused)
+    assert not raw.unsupported_ops
+    train = count_forward_torch(real_twin(model), tokens, {}, fake=False, train=True)
+    backward = [r for r in train.records if r.op.endswith("_for_cpu_backward")]
+    # torch's sdpa backward formula: recompute QK^T, then dV, dP, dQ, dK: 5 products of CORE / 2
+    assert [r.macs for r in backward] == [5 * CORE // 2] * LAYERS
+    assert all(r.scope.endswith(".attn") and r.mask == MASK_CAUSAL for r in backward)
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_grouped_mm_is_counted(fake):
+    class Experts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(4, 32, 64, dtype=torch.bfloat16))
+
+        def forward(self, x, offs):
+            return torch._grouped_mm(x, self.w, offs=offs)
+
+    inputs = (torch.zeros(24, 32, dtype=torch.bfloat16), torch.tensor([6, 12, 18, 24], dtype=torch.int32))
+    if fake:
+        raw = count_forward_torch(meta_twin(Experts()), to_meta(inputs), {})
+    else:
+        raw = count_forward_torch(real_twin(Experts()), inputs, {}, fake=False)
+    # 24 routed rows [24, 32], each through one expert's [32, 64]
+    assert raw.total == 24 * 32 * 64 == 49_152
+    assert [(r.op, r.origin) for r in raw.records] == [("aten::_grouped_mm", "param")]
+
+
+def test_products_without_a_formula_are_reported():
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bilinear = nn.Bilinear(8, 8, 4)
+
+        def forward(self, a, b):
+            return self.bilinear(a, b)
+
+    raw = count_forward_torch(meta_twin(Pair()), to_meta((torch.zeros(2, 8), torch.zeros(2, 8))), {})
+    assert raw.unsupported_ops == Counter({"aten::_trilinear": 1})
+
+
+def test_mv_dot_addbmm_addr_have_formulas():
+    class Small(nn.Module):
+        def forward(self, m, v, a, b, c):
+            return m @ v, v @ v, torch.addbmm(c, a, b), torch.addr(c, v[:5], v[:5])
+
+    inputs = (torch.zeros(6, 5), torch.zeros(5), torch.zeros(3, 5, 4), torch.zeros(3, 4, 5), torch.zeros(5, 5))
+    raw = count_forward_torch(meta_twin(Small()), to_meta(inputs), {})
+    assert {r.op: r.macs for r in raw.records} == {
+        "aten::mv": 6 * 5, "aten::dot": 5, "aten::addbmm": 3 * 5 * 4 * 5, "aten::addr": 5 * 5}
+    assert not raw.unsupported_ops
+
+
+# --- 4. exact einsum --------------------------------------------------------------------------------
+
+
+def test_einsum_is_exact():
+    class Contract(nn.Module):
+        def forward(self, a, b):
+            return torch.einsum("bij,bjk->bik", a, b)
+
+    raw = count_forward(meta_twin(Contract()), to_meta((torch.zeros(4, 64, 256), torch.zeros(4, 256, 256))), {})
+    assert raw.total == 4 * 64 * 256 * 256 == 16_777_216  # fvcore's own handle says 16,778,000
+    assert [r.op for r in raw.records] == ["aten::einsum"]
+
+
+# --- 5. quantized models -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_dynamically_quantized_linears_are_counted_as_parameter_products(backend):
+    model = LectureGPT()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates torch.ao.quantization
+        quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    count = count_forward if backend == "fvcore" else count_forward_torch
+    expected = count(meta_twin(model), _tokens(), {}, buffer_masks=buffer_masks(model))
+    raw = count(meta_twin(quantized), _tokens(), {}, buffer_masks=buffer_masks(quantized))
+    assert raw.total == expected.total
+    assert _per_scope(raw.records) == _per_scope(expected.records)
+    linears = {n for n, m in quantized.named_modules() if type(m).__name__ == "Linear"}
+    assert linears and all(r.origin == "param" for r in raw.records if r.scope in linears)
+    assert sum(r.macs for r in raw.records if r.scope in linears) == LAYERS * (QKV + OUT + FFN) + LM_HEAD
+    assert isinstance(quantized.lm_head, torch.ao.nn.quantized.dynamic.Linear)  # left as it was
+
+
+# --- 6. scripted modules --------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch 2.13 deprecates torch.jit
+@pytest.mark.parametrize("how", ["script", "trace", "nested"])
+def test_scripted_modules_get_a_clear_error(how):
+    model = LectureGPT()
+    if how == "script":
+        target = torch.jit.script(MLP())
+    elif how == "trace":
+        target = torch.jit.trace(model, torch.zeros(1, 4, dtype=torch.long))
+    else:
+        model.blocks[0].ffwd = torch.jit.script(FeedForward())
+        target = model
+    first_line = SCRIPTED_MESSAGE.split(":")[0].split("{what}")[1]
+    with pytest.raises(CountError, match="TorchScript") as caught:
+        meta_twin(target)
+    assert first_line in str(caught.value) and "eager nn.Module" in str(caught.value)
+    for count in (count_forward, count_forward_torch):
+        with pytest.raises(CountError, match="TorchScript"):
+            count(target, (torch.zeros(1, 4, dtype=torch.long),), {})
+    if how == "nested":
+        assert "LectureGPT.blocks.0.ffwd" in str(caught.value)
+
+
+# --- 7. the user's global hooks ---------------------------------------------------------------------
+
+
+def test_global_hooks_do_not_fire_and_stay_registered():
+    from torch.nn.modules import module as module_mod
+
+    calls = []
+
+    def raising(module, args, output=None):
+        raise RuntimeError("the user's global hook ran")
+
+    def counting(module, args):
+        calls.append(type(module).__name__)
+
+    handles = [module_mod.register_module_forward_hook(raising),
+               module_mod.register_module_forward_pre_hook(counting),
+               module_mod.register_module_full_backward_hook(lambda *a: calls.append("backward"))]
+    try:
+        before = [dict(d) for d in (module_mod._global_forward_hooks, module_mod._global_forward_pre_hooks,
+                                    module_mod._global_backward_hooks)]
+        model = LectureGPT()
+        fv = count_forward(meta_twin(model), _tokens(), {})
+        tr = count_forward_torch(meta_twin(model), _tokens(), {}, train=True)
+        assert fv.total > 0 and tr.total == 3 * FORWARD
+        assert calls == []
+        after = [dict(d) for d in (module_mod._global_forward_hooks, module_mod._global_forward_pre_hooks,
+                                   module_mod._global_backward_hooks)]
+        assert after == before
+        with pytest.raises(RuntimeError, match="the user's global hook ran"):
+            nn.Identity()(torch.zeros(1))  # still registered, still the user's
+        assert calls == ["Identity"]
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert not module_mod._global_forward_hooks and not module_mod._global_forward_pre_hooks
+
+
+# --- 8. a failing trace leaves the user's model as it was -------------------------------------------
+
+
+class Fails(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self.inner(x).sum().item() > 0:  # a value: meta tensors have none
+            return x
+        return -x
+
+
+def _hook_state(model):
+    return [(m.training, dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()]
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_a_failing_count_leaves_the_model_untouched(backend):
+    model = Fails().train()
+    handle = model.inner.register_forward_hook(lambda *a: None)
+    weight = model.inner.weight.detach().clone()
+    before = _hook_state(model)
+    count = count_forward if backend == "fvcore" else count_forward_torch
+    with pytest.raises(CountError):
+        count(meta_twin(model), to_meta((torch.zeros(2, 4),)), {})
+    assert _hook_state(model) == before
+    assert model.inner.weight.device.type == "cpu" and torch.equal(model.inner.weight, weight)
+    handle.remove()
