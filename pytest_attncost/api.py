@@ -217,78 +217,9 @@ def _user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...
     raise ProfileError(f"inputs= got {type(inputs).__name__}; {INPUTS_HINT}")
 
 
-# --- cache ---------------------------------------------------------------------------------
+# --- cache: the key and the LRU live in cache.py (api.cache_key and api.clear_cache stay importable)
 
-#: Profiles already counted in this process, by everything that decides the count.
-_CACHE: OrderedDict[Hashable, Profile] = OrderedDict()
-CACHE_SIZE = 512
-_SIMPLE = (int, float, bool, str, type(None))
-
-
-def _simple(value: Any) -> bool:
-    if isinstance(value, _SIMPLE):
-        return True
-    return isinstance(value, tuple) and all(isinstance(v, _SIMPLE) for v in value)
-
-
-def _structure(model: nn.Module) -> tuple[Any, ...]:
-    """Module tree, classes, flags, hyper-parameters, and the shape and dtype of every tensor."""
-    parts: list[Any] = []
-    for name, module in model.named_modules(remove_duplicate=False):
-        settings: list[tuple[str, Any]] = []
-        for key, value in vars(module).items():
-            if key[0] == "_":
-                continue
-            if _simple(value):
-                settings.append((key, value))
-            elif callable(value) and not isinstance(value, nn.Module):
-                settings.append((key, id(value)))  # a forward patched on the instance
-        tensors: list[tuple[Any, ...]] = [(key, t.shape, t.dtype, t.device.type, type(t))
-                                          for key, t in module._parameters.items() if t is not None]
-        tensors += [(key, t.shape, t.dtype, t.device.type) for key, t in module._buffers.items() if t is not None]
-        parts.append((name, type(module), tuple(settings), tuple(tensors)))
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "to_json_string"):
-        try:
-            parts.append(config.to_json_string(use_diff=False))
-        except Exception:  # noqa: BLE001 - an unserialisable config: fall back to its repr
-            parts.append(repr(config))
-    return tuple(parts)
-
-
-def _inputs_key(inputs: Any) -> Hashable:
-    leaves, spec = pytree.tree_flatten(inputs)
-    described: list[tuple[Any, ...]] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            described.append(("tensor", tuple(leaf.shape), str(leaf.dtype)))
-        elif _simple(leaf):
-            described.append(("value", leaf))
-        else:
-            raise TypeError("not cacheable")
-    return (str(spec), tuple(described))
-
-
-def cache_key(
-    target: nn.Module, n: int | None, batch: int, batch_given: bool, inputs: Any,
-    roles: Mapping[str, Any] | None, spec: ModelSpec | None, name: str, options: Options = Options(),
-) -> Hashable | None:
-    """Everything that decides a count; None when the call cannot be cached (callable inputs)."""
-    if callable(inputs) and not isinstance(inputs, (torch.Tensor, nn.Module)):
-        return None
-    try:
-        inputs_key = None if inputs is None else _inputs_key(inputs)
-        roles_key = None if roles is None else repr(sorted((k, tuple(v) if not isinstance(v, str) else v)
-                                                           for k, v in dict(roles).items()))
-    except TypeError:
-        return None
-    return (_structure(target), n, batch, batch_given, inputs_key, roles_key, spec, name, options,
-            torch.backends.mha.get_fastpath_enabled())
-
-
-def clear_cache() -> None:
-    """Forget every cached profile."""
-    _CACHE.clear()
+from .cache import cache_key, clear_cache, lookup, store  # noqa: E402
 
 
 def profile(
@@ -360,14 +291,11 @@ def profile(
     model_name = name or type(target).__name__
     spec = spec if spec is not None else spec_of(target)
     key = cache_key(target, n, batch, batch_given, inputs, roles, spec, model_name, options)
-    if key is not None and key in _CACHE:
-        _CACHE.move_to_end(key)
-        return _CACHE[key]
+    cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
+    if cached is not None:
+        return cached
     result = _count(target, model_name, spec, n, batch, batch_given, inputs, roles, options)
-    if key is not None:
-        _CACHE[key] = result
-        while len(_CACHE) > CACHE_SIZE:
-            _CACHE.popitem(last=False)
+    store(key, result)
     return result
 
 

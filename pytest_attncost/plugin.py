@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from . import cache
 from .markers import (
     MARKER_HELP,
     NO_PROFILE,
@@ -41,6 +42,7 @@ PROFILES_KEY = pytest.StashKey["list[Profile]"]()
 SWEEPS_KEY = pytest.StashKey[list["Sweep"]]()
 CROSSCHECK_KEY = pytest.StashKey[dict[int, Any]]()
 BASELINE_KEY = pytest.StashKey["Baselines"]()
+CACHE_WAS_KEY = pytest.StashKey[bool]()
 
 USER_PROPERTY = "attncost"
 SWEEP_PROPERTY = "attncost_sweep"
@@ -59,6 +61,9 @@ _COMPARE_STRICT_HELP = "Fail the session when baseline entries were not seen in 
 _BACKEND_HELP = "Default counter: fvcore (jit trace, default) or torch (FlopCounterMode on fake tensors)."
 _CROSSCHECK_HELP = "Count every profile with both backends; fail a test whose counts disagree."
 _PLOT_HELP = "Write PNG and SVG plots of every attncost.sweep() to this directory (needs matplotlib)."
+_NO_CACHE_HELP = ("Count every profile afresh instead of reusing an identical earlier one "
+                  "(the cache cannot see globals or functions patched in other modules).")
+_CACHE_INI_HELP = "Reuse the profile of an identical earlier call in the session (default true)."
 
 # Bounds, baseline regressions, cross-checks and strict mode all fail a test through this one header.
 CHECKS_FAILED = "attncost checks failed:"
@@ -107,12 +112,13 @@ class Settings:
     plot_dir: Path | None = None
     backend: str = "fvcore"
     crosscheck: bool = False
+    cache: bool = True
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
         def flag(option: str, ini: str) -> bool:
             value = config.getoption(option)
-            return bool(config.getini(ini)) if value is None else bool(value)
+            return _ini_bool(config, ini) if value is None else bool(value)
 
         unit = config.getoption("attncost_unit")
         if unit is None:
@@ -175,7 +181,16 @@ class Settings:
             plot_dir=plot_dir,
             backend=_backend(config),
             crosscheck=flag("attncost_crosscheck", "attncost_crosscheck"),
+            cache=_ini_bool(config, "attncost_cache") if config.getoption("attncost_no_cache") is None else False,
         )
+
+
+def _ini_bool(config: pytest.Config, ini: str) -> bool:
+    """A boolean ini value; a value pytest cannot read is a usage error naming the key."""
+    try:
+        return bool(config.getini(ini))
+    except (ValueError, pytest.UsageError) as exc:  # pytest's message ("invalid truth value 'maybe'") names no key
+        raise pytest.UsageError(f"{ini} in the ini file: {exc}; expected true or false") from None
 
 
 def _path_value(config: pytest.Config, dest: str, ini: str | None) -> Path | None:
@@ -266,6 +281,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attncost-plot", metavar="DIR", default=None, help=_PLOT_HELP)
     group.addoption("--attncost-backend", metavar="NAME", type=_backend_arg, default=None, help=_BACKEND_HELP)
     group.addoption("--attncost-crosscheck", action="store_true", default=None, help=_CROSSCHECK_HELP)
+    group.addoption("--attncost-no-cache", action="store_true", default=None, help=_NO_CACHE_HELP)
+    parser.addini("attncost_cache", _CACHE_INI_HELP, type="bool", default=True)
     parser.addini("attncost_backend", _BACKEND_HELP, default="fvcore")
     parser.addini("attncost_crosscheck", _CROSSCHECK_HELP, type="bool", default=False)
     parser.addini("attncost_report", _REPORT_HELP, type="bool", default=False)
@@ -287,9 +304,20 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = Settings.from_config(config)
     config.stash[SETTINGS_KEY] = settings
     config.stash[BASELINE_KEY] = _load_baselines(config, settings)
+    # A new session starts from an empty cache: a second pytest.main() in one process must
+    # not be served profiles counted under the first one's code and settings.
+    config.stash[CACHE_WAS_KEY] = cache.set_enabled(settings.cache)
+    cache.clear_cache()
     config.pluginmanager.register(AttncostSession(config), "attncost-session")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(), "attncost-xdist")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Shut-down: drop this session's profiles and give the process its cache switch back."""
+    if CACHE_WAS_KEY in config.stash:
+        cache.clear_cache()
+        cache.set_enabled(config.stash[CACHE_WAS_KEY])
 
 
 @dataclass
@@ -414,10 +442,11 @@ class AttncostFixture:
         the ini's; recorded for the report (and counted by both backends when cross-checking)."""
         from .api import profile
 
-        fills_in = inputs is None or callable(inputs)
-        if n is None and fills_in:
+        # The marker's n and batch hold for explicit tensors too: profile() then checks that the
+        # inputs agree, instead of the test silently passing at another length.
+        if n is None:
             n = self._n
-        if batch is None and fills_in and self._bounds is not None:
+        if batch is None and self._bounds is not None:
             batch = self._bounds.batch
         settings = self._item.config.stash[SETTINGS_KEY]
         options = dict(batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, mode=mode, causal=causal)

@@ -1,0 +1,267 @@
+"""The cache key and the LRU: a repeated ``profile()`` of the same thing is served from memory.
+
+The key holds everything on the model that can decide a count:
+
+* the module tree: every submodule's name and class, and the shape, dtype, device type and
+  ``requires_grad`` of each parameter and buffer (never their values: the count does not
+  depend on them);
+* every attribute of every submodule (public and private, nn.Module's own bookkeeping and
+  hooks aside, since the twin drops hooks): plain values, enums, dtypes, lists, tuples, dicts,
+  sets and dataclasses of those (described recursively, up to a depth and a size), tensors kept
+  as plain attributes (by shape and dtype), functions and methods (by identity: the key keeps a
+  reference, so an id is never reused), other submodules (by their name in the tree);
+* every config object reachable from the modules, sub-configs included: its JSON *and* the
+  private attributes that JSON omits (``_attn_implementation``, ``_experts_implementation``),
+  so an ``eager`` and an ``sdpa`` build never share an entry;
+* ``n``, ``batch``, the inputs' structure, shapes, dtypes and ``requires_grad``, ``roles=``,
+  ``spec=``, the name, every counting option, and torch's MHA fast-path switch.
+
+An attribute the key cannot describe (an object of a class it does not know, a container too
+deep or too large, an unhashable callable) might decide the count, so such a call is not
+cached at all: :func:`cache_key` returns None and the model is counted every time. Callable
+``inputs=`` are never cached either.
+
+What the key cannot see, and a cache hit can therefore get wrong:
+
+* module globals and registries the forward reads (transformers' ``ALL_ATTENTION_FUNCTIONS``,
+  a flag in the model's module);
+* functions monkeypatched in *other* modules (``torch.nn.functional.scaled_dot_product_attention``
+  replaced by a test, a patched method on the model's *class* rather than on the instance);
+* state inside a function or a bound method's object that is stored on a module (its
+  identity is in the key, not what it closes over), and values computed inside ``forward``.
+
+After changing any of these, call :func:`clear_cache`, or run pytest with
+``--attncost-no-cache`` (ini ``attncost_cache = false``), which sets :data:`enabled` to False.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import types
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .result import Profile
+
+__all__ = ["CACHE_SIZE", "cache_key", "clear_cache", "enabled", "lookup", "set_enabled", "store"]
+
+#: Profiles already counted in this process, by everything that decides the count.
+_CACHE: OrderedDict[Hashable, Profile] = OrderedDict()
+CACHE_SIZE = 512
+
+#: The switch: when False, nothing is looked up or stored (the plugin's --attncost-no-cache).
+enabled = True
+
+#: How deep and how large a container attribute may be before the call becomes uncacheable.
+MAX_DEPTH = 6
+MAX_ITEMS = 4096
+
+_SIMPLE = (int, float, bool, str, bytes, complex, type(None))
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType,
+              types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
+# Private attributes the key should not look at: the twin drops hooks, and parameters, buffers
+# and children are described on their own.
+_MODULE_INTERNALS: frozenset[str] | None = None
+
+
+class Uncacheable(Exception):
+    """Something that may decide the count cannot be described: count, don't cache."""
+
+
+def set_enabled(value: bool) -> bool:
+    """Turn the cache on or off for this process; returns the previous setting."""
+    global enabled
+    previous, enabled = enabled, bool(value)
+    return previous
+
+
+def clear_cache() -> None:
+    """Forget every cached profile."""
+    _CACHE.clear()
+
+
+def lookup(key: Hashable | None) -> Profile | None:
+    """The cached profile for *key* (None: no key, the cache is off, or not counted yet)."""
+    if key is None or not enabled:
+        return None
+    found = _CACHE.get(key)
+    if found is not None:
+        _CACHE.move_to_end(key)
+    return found
+
+
+def store(key: Hashable | None, result: Profile) -> None:
+    """Remember *result* under *key*, dropping the least recently used beyond CACHE_SIZE."""
+    if key is None or not enabled:
+        return
+    _CACHE[key] = result
+    while len(_CACHE) > CACHE_SIZE:
+        _CACHE.popitem(last=False)
+
+
+class _Describer:
+    """Turns attribute values into hashable descriptions; one per key, sharing config descriptions."""
+
+    def __init__(self, module_names: Mapping[int, str]) -> None:
+        import torch
+
+        self.torch = torch
+        self.module_names = module_names
+        self.configs: dict[int, int] = {}  # id(config) -> index into self.config_parts
+        self.config_parts: list[Any] = []
+        self.config_refs: list[Any] = []  # keeps described configs alive while their ids are in use
+        self.items = 0
+
+    def attribute(self, value: Any) -> Hashable:
+        """One attribute's description; the size bound applies to each attribute on its own."""
+        self.items = 0
+        return self.value(value)
+
+    def value(self, value: Any, depth: int = 0) -> Hashable:
+        torch = self.torch
+        self.items += 1
+        if self.items > MAX_ITEMS or depth > MAX_DEPTH:
+            raise Uncacheable("too large or too deep")
+        # type first: True == 1 == 1.0 hash alike, and must not share an entry
+        if isinstance(value, _SIMPLE):
+            return (type(value), value)
+        if isinstance(value, (enum.Enum, torch.dtype, torch.device, torch.Size, torch.memory_format,
+                              torch.layout, type, range, slice)):
+            return value
+        if isinstance(value, torch.Tensor):  # a tensor kept as a plain attribute, not a buffer
+            return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.requires_grad)
+        if isinstance(value, torch.nn.Module):
+            name = self.module_names.get(id(value))
+            if name is None:  # a module outside the tree: its structure is not in the key
+                raise Uncacheable(f"a {type(value).__name__} outside the model's tree")
+            return ("module", name)
+        if isinstance(value, (list, tuple)):
+            return (type(value), tuple(self.value(v, depth + 1) for v in value))
+        if isinstance(value, (set, frozenset)):
+            described = [self.value(v, depth + 1) for v in value]
+            return (type(value), tuple(sorted(described, key=repr)))
+        if isinstance(value, dict):
+            pairs = [(self.value(k, depth + 1), self.value(v, depth + 1)) for k, v in value.items()]
+            return (type(value), tuple(pairs))  # insertion order kept: iteration order can matter
+        if hasattr(value, "to_json_string") and hasattr(value, "to_dict"):  # a transformers config (may be a dataclass)
+            return ("config", self.config(value, depth))
+        if dataclasses.is_dataclass(value):
+            fields = tuple((f.name, self.value(getattr(value, f.name), depth + 1))
+                           for f in dataclasses.fields(value))
+            return (type(value), fields)
+        if isinstance(value, functools.partial):
+            return ("partial", self.value(value.func, depth + 1), self.value(value.args, depth + 1),
+                    self.value(value.keywords, depth + 1))
+        if isinstance(value, _FUNCTIONS):
+            try:
+                hash(value)
+            except TypeError:
+                raise Uncacheable(f"an unhashable {type(value).__name__}") from None
+            return ("callable", value)  # by identity; the key holds the reference
+        raise Uncacheable(f"an attribute of type {type(value).__qualname__}")
+
+    def config(self, config: Any, depth: int) -> int:
+        """Index of *config*'s description: its JSON and the private attributes the JSON omits."""
+        index = self.configs.get(id(config))
+        if index is not None:
+            return index
+        index = len(self.config_parts)
+        self.configs[id(config)] = index
+        self.config_refs.append(config)
+        self.config_parts.append(None)  # reserved: a sub-config may point back at its parent
+        try:
+            text: str = config.to_json_string(use_diff=False)
+        except Exception:  # noqa: BLE001 - an unserialisable config: its repr still tells builds apart
+            text = repr(config)
+        private: list[tuple[str, Hashable]] = []
+        for name in ("_attn_implementation", "_experts_implementation"):
+            try:
+                resolved = getattr(config, name, None)
+            except Exception:  # noqa: BLE001 - a property that cannot resolve yet
+                resolved = "<unresolved>"
+            private.append((name, self.value(resolved, depth + 1)))
+        for name, attr in sorted(vars(config).items()):
+            # every private attribute, and every sub-config (their private parts are not in the JSON)
+            if name.startswith("_") or (hasattr(attr, "to_json_string") and hasattr(attr, "to_dict")):
+                try:
+                    private.append((name, self.value(attr, depth + 1)))
+                except Uncacheable:  # the JSON holds the config's substance; a repr still tells builds apart
+                    private.append((name, ("repr", type(attr), repr(attr))))
+        self.config_parts[index] = (type(config), text, tuple(private))
+        return index
+
+
+def _module_internals() -> frozenset[str]:
+    global _MODULE_INTERNALS
+    if _MODULE_INTERNALS is None:
+        from torch import nn
+
+        # the training flag decides counts (dropout paths, LayerDrop): it stays in the key
+        _MODULE_INTERNALS = (frozenset(vars(nn.Module())) | {"_compiled_call_impl"}) - {"training"}
+    return _MODULE_INTERNALS
+
+
+def structure(model: nn.Module) -> Hashable:
+    """The module tree, attributes, configs and every tensor's shape; raises Uncacheable."""
+    internals = _module_internals()
+    named = list(model.named_modules(remove_duplicate=False))
+    names: dict[int, str] = {}
+    for name, module in named:
+        names.setdefault(id(module), name)
+    describe = _Describer(names)
+    parts: list[Any] = []
+    for name, module in named:
+        settings = tuple((key, describe.attribute(value)) for key, value in vars(module).items() if key not in internals)
+        tensors: list[tuple[Any, ...]] = [(key, t.shape, t.dtype, t.device.type, t.requires_grad, type(t))
+                                          for key, t in module._parameters.items() if t is not None]
+        tensors += [(key, t.shape, t.dtype, t.device.type) for key, t in module._buffers.items() if t is not None]
+        parts.append((name, type(module), settings, tuple(tensors)))
+    config = getattr(model, "config", None)  # also when it is a property, not an attribute
+    if config is not None and hasattr(config, "to_json_string"):
+        parts.append(("root config", describe.config(config, 0)))
+    return (tuple(parts), tuple(describe.config_parts))
+
+
+def _inputs_key(inputs: Any) -> Hashable:
+    from torch.utils import _pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(inputs)
+    describe = _Describer({})
+    return (str(spec), tuple(describe.attribute(leaf) for leaf in leaves))
+
+
+def cache_key(
+    target: nn.Module, n: int | None, batch: int, batch_given: bool, inputs: Any,
+    roles: Mapping[str, Any] | None, spec: Hashable, name: str, options: Hashable = None,
+) -> Hashable | None:
+    """Everything that decides a count; None when the call cannot be cached or the cache is off.
+
+    None for callable inputs, and for a model or inputs holding something the key cannot
+    describe (see the module docstring).
+    """
+    if not enabled:
+        return None
+    import torch
+
+    if callable(inputs) and not isinstance(inputs, (torch.Tensor, torch.nn.Module)):
+        return None
+    try:
+        inputs_key = None if inputs is None else _inputs_key(inputs)
+        roles_key = None if roles is None else repr(sorted((k, tuple(v) if not isinstance(v, str) else v)
+                                                           for k, v in dict(roles).items()))
+        model_key = structure(target)
+    except (Uncacheable, TypeError):
+        return None
+    key = (model_key, n, batch, batch_given, inputs_key, roles_key, spec, name, options,
+           torch.backends.mha.get_fastpath_enabled())
+    try:
+        hash(key)
+    except TypeError:  # an unhashable leaf slipped through (a spec or option of an odd type)
+        return None
+    return key
