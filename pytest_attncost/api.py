@@ -6,21 +6,22 @@ wrapper that adds the marker's defaults and records the result for the report.
 
 from __future__ import annotations
 
-import inspect
-from collections import OrderedDict
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Union
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from . import families
 from . import roles as roles_mod
+from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
 from .counting import (
-    ATTENTION_OPS,
     CountError,
     RawCount,
+    buffer_masks,
     count_forward,
     count_forward_torch,
     meta_twin,
@@ -30,17 +31,14 @@ from .counting import (
 )
 from .reporting import versions
 from .formulas import ModelSpec
-from .result import Profile
+from .result import COMPONENTS, Profile
 from .sweep import Sweep
 
 __all__ = ["ProfileError", "profile", "spec_of", "sweep"]
 
 Inputs = Union[tuple[Any, ...], list[Any], dict[str, Any], torch.Tensor, Callable[[int, int], Any]]
 
-INPUTS_HINT = (
-    "pass inputs= as a tuple of positional arguments, a dict of keyword arguments, "
-    "or a callable (n, batch) -> tuple | dict"
-)
+INPUTS_HINT = families.INPUTS_HINT
 
 
 BACKENDS = ("fvcore", "torch")
@@ -104,98 +102,15 @@ def _resolve_model(model: object) -> nn.Module:
 
 def spec_of(model: nn.Module) -> ModelSpec | None:
     """The cost-model shape of a transformers model or a torch Transformer module, if known."""
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "model_type"):
-        try:
-            return ModelSpec.from_config(config)
-        except ValueError:
-            return None
-    if isinstance(model, nn.MultiheadAttention):
-        return ModelSpec(model.embed_dim, model.num_heads, model.head_dim, layers=1, ffn_dim=0)
-    if isinstance(model, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
-        attn = model.self_attn
-        return ModelSpec(
-            attn.embed_dim, attn.num_heads, attn.head_dim, layers=1, ffn_dim=model.linear1.out_features,
-            cross_attention=isinstance(model, nn.TransformerDecoderLayer),
-        )
-    if isinstance(model, (nn.TransformerEncoder, nn.TransformerDecoder)):
-        first = spec_of(model.layers[0])
-        if first is None:
-            return None
-        return ModelSpec(**{**first.to_dict(), "layers": len(model.layers)})
-    return None
-
-
-def _float_dtype(model: nn.Module) -> torch.dtype:
-    for tensor in model.parameters():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return torch.float32
-
-
-def _batch_first(model: nn.Module) -> bool:
-    if isinstance(model, nn.MultiheadAttention):
-        return bool(model.batch_first)
-    if isinstance(model, (nn.TransformerEncoder, nn.TransformerDecoder)):
-        return _batch_first(model.layers[0])
-    return bool(getattr(model.self_attn, "batch_first", False))
+    return families.spec_of(model)[0]
 
 
 def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs for known model kinds, built on the meta device (no memory, no values).
-
-    Vision models take an image of the config's size (n is then patches + 1); every
-    other kind needs *n*.
-    """
-    def need_n() -> int:
-        if n is None:
-            raise ProfileError(f"profile({type(model).__name__}) needs n= (or inputs=): the sequence length to count at")
-        return n
-
-    meta = torch.device("meta")
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "model_type"):
-        params: Mapping[str, Any]
-        try:
-            params = inspect.signature(model.forward).parameters
-        except (TypeError, ValueError):
-            params = {}
-        main = getattr(model, "main_input_name", "input_ids")
-        kwargs: dict[str, Any] = {}
-        if main == "input_ids":
-            n = need_n()
-            ids = torch.zeros((batch, n), dtype=torch.long, device=meta)
-            kwargs["input_ids"] = ids
-            # Explicit positions and token types: counting past max_position_embeddings is
-            # the article's what-if, and slicing the model's own buffers would stop at it.
-            if "position_ids" in params:
-                kwargs["position_ids"] = torch.zeros((batch, n), dtype=torch.long, device=meta)
-            if "token_type_ids" in params:
-                kwargs["token_type_ids"] = torch.zeros((batch, n), dtype=torch.long, device=meta)
-            if "decoder_input_ids" in params:
-                kwargs["decoder_input_ids"] = torch.zeros((batch, n), dtype=torch.long, device=meta)
-        elif main == "pixel_values":
-            size = getattr(config, "image_size", 224)
-            channels = getattr(config, "num_channels", 3)
-            kwargs["pixel_values"] = torch.zeros((batch, channels, size, size), dtype=_float_dtype(model), device=meta)
-        else:
-            raise ProfileError(f"cannot build default inputs for {type(model).__name__} ({main!r}); {INPUTS_HINT}")
-        if "use_cache" in params:
-            kwargs["use_cache"] = False  # a DynamicCache cannot cross the tracer
-        return (), kwargs
-    torch_kinds = (nn.MultiheadAttention, nn.TransformerEncoder, nn.TransformerEncoderLayer,
-                   nn.TransformerDecoder, nn.TransformerDecoderLayer)
-    if isinstance(model, torch_kinds):
-        n = need_n()
-        width = model.embed_dim if isinstance(model, nn.MultiheadAttention) else spec_of(model).hidden  # type: ignore[union-attr]
-        shape = (batch, n, width) if _batch_first(model) else (n, batch, width)
-        x = torch.zeros(shape, dtype=_float_dtype(model), device=meta)
-        if isinstance(model, nn.MultiheadAttention):
-            return (x, x, x), {}
-        if isinstance(model, (nn.TransformerDecoder, nn.TransformerDecoderLayer)):
-            return (x, torch.zeros(shape, dtype=x.dtype, device=meta)), {}
-        return (x,), {}
-    raise ProfileError(f"cannot guess the inputs of {type(model).__name__}; {INPUTS_HINT}")
+    """Inputs for known model kinds on the meta device (see :func:`families.default_inputs`)."""
+    try:
+        return families.default_inputs(model, n, batch)
+    except families.InputsError as exc:
+        raise ProfileError(str(exc)) from exc
 
 
 def _user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -215,11 +130,6 @@ def _user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...
             raise ProfileError("an inputs= dict maps keyword-argument names (str) to values")
         return (), dict(inputs)
     raise ProfileError(f"inputs= got {type(inputs).__name__}; {INPUTS_HINT}")
-
-
-# --- cache: the key and the LRU live in cache.py (api.cache_key and api.clear_cache stay importable)
-
-from .cache import cache_key, clear_cache, lookup, store  # noqa: E402
 
 
 def profile(
@@ -289,20 +199,41 @@ def profile(
     options = Options(backend or "fvcore", mode, causal, bool(fallback))
     target = _resolve_model(model)
     model_name = name or type(target).__name__
-    spec = spec if spec is not None else spec_of(target)
+    spec_note = None
+    if spec is None:
+        spec, spec_note = families.spec_of(target)
     key = cache_key(target, n, batch, batch_given, inputs, roles, spec, model_name, options)
     cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
     if cached is not None:
         return cached
-    result = _count(target, model_name, spec, n, batch, batch_given, inputs, roles, options)
+    result = _count(target, model_name, spec, spec_note, n, batch, batch_given, inputs, roles, options)
     store(key, result)
     return result
+
+
+#: Warnings on a profile: the cause, the module and the MACs concerned (see DECISIONS: plain strings).
+UNPLACED_WARNING = ("{module}: {macs:,} MAC of products of two activations outside the layer's attention "
+                    "module(s) could not be placed (counted as other); pass roles= to place them")
+INLINE_WARNING = ("{module}: attention runs in the layer's own forward (no attention submodule), so its "
+                  "projections and FFN cannot be told apart; all {macs:,} parameter MAC counted as attention_proj; "
+                  "pass roles= to name the FFN")
+NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while the spec says ffn_dim={ffn_dim}; "
+                  "its FFN was not found (counted as other?); pass roles=")
+FORMULA_WARNING = ("{part} is {measured:,} MAC but the formula gives {expected:,} ({deviation:+.2%}): the model does "
+                   "something the cost model does not describe, or a part was misplaced; compare Profile.by_module, "
+                   "pass roles= or spec=")
+NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran no product the counter knows; "
+                   "see unsupported_ops")
+UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
+                        "cannot tell; counted in full")
+SPEC_NOTE = "no formula: {why}"
 
 
 def _count(
     target: nn.Module,
     model_name: str,
     spec: ModelSpec | None,
+    spec_note: str | None,
     n: int | None,
     batch: int,
     batch_given: bool,
@@ -310,68 +241,64 @@ def _count(
     roles: Mapping[str, Any] | None,
     options: Options,
 ) -> Profile:
-
+    real_args: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     if inputs is None:
         args, kwargs = default_inputs(target, n, batch)
     else:
-        args, kwargs = _user_inputs(inputs, n, batch)
-        args, kwargs = to_meta((args, kwargs))
+        real_args = _user_inputs(inputs, n, batch)
+        args, kwargs = to_meta(real_args)
 
-    twin = meta_twin(target)
+    try:
+        twin = meta_twin(target)
+    except CountError as exc:  # a scripted module, an uncopyable model: no counter can help
+        raise ProfileError(f"{model_name}: {exc}") from exc
+    notes = families.prepare_twin(twin)
+    # triangular mask buffers of the original (the twin's are empty): causal accounting reads them
+    masks = buffer_masks(target) if options.causal == "half" else None
+    if spec is None and spec_note:
+        notes.append(SPEC_NOTE.format(why=spec_note))
     causal_modules = frozenset(
         name for name, module in twin.named_modules() if getattr(module, "is_causal", None) is True
-    ) if options.causal == "half" else frozenset()
+    ) if options.causal == "half" else None
+    containers = [name for name, module in twin.named_modules() if isinstance(module, (nn.ModuleList, nn.Sequential))]
+    experts = families.experts_of(twin)
     train = options.mode == "train"
     backend = "torch" if train else options.backend  # a backward needs the dispatcher's counter
     fallback_reason = None
     try:
-        raw = count_forward(twin, args, kwargs) if backend == "fvcore" else count_forward_torch(
-            twin, args, kwargs, train=train)
+        raw = count_forward(twin, args, kwargs, buffer_masks=masks) if backend == "fvcore" else count_forward_torch(
+            twin, args, kwargs, train=train, buffer_masks=masks)
     except CountError as exc:
         if backend != "fvcore" or not options.fallback:
             raise ProfileError(f"{model_name}: {exc}") from exc
         fallback_reason = str(exc).splitlines()[0]
         backend = "torch"
-        raw = _fallback(target, model_name, args, kwargs, n, exc)
+        raw = _fallback(target, model_name, args, kwargs, real_args, n, exc, masks)
 
+    structure = None
     try:
-        assigned = (
-            roles_mod.explicit_roles(roles, list(raw.module_names))
-            if roles is not None
-            else roles_mod.auto_roles(raw.module_names)
-        )
+        if roles is not None:
+            assigned = roles_mod.explicit_roles(roles, list(raw.module_names))
+        else:
+            structure = roles_mod.find_structure(raw.records, containers, experts)
+            assigned = structure.roles()
     except roles_mod.RoleError as exc:
         raise ProfileError(f"{model_name}: {exc}") from exc
-    if not assigned and not any(r.op in ATTENTION_OPS for r in raw.records):
+    if not assigned:
         raise ProfileError(
-            f"{model_name}: found neither attention nor an FFN (no module class the plugin knows, "
-            f"no fused attention op); {roles_mod.ROLES_HINT}"
+            f"{model_name}: found neither attention nor an FFN (no fused attention op and no product of two "
+            f"activations chained like QK^T and AV); {roles_mod.ROLES_HINT}"
         )
-    parts = roles_mod.split(raw.records, assigned, causal_modules)
+    parts = roles_mod.split(raw.records, assigned, causal_modules, structure)
     if not parts.halved:
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
 
-    seen = parts.lengths[0] if parts.lengths else None
-    if n is None:
-        if seen is None:
-            raise ProfileError(f"{model_name}: no attention ran, so n cannot be read from the inputs; pass n=")
-        n = seen[0]
-    elif seen is not None and seen[0] != n:
-        raise ProfileError(
-            f"{model_name}: n={n} was asked for, but the attention saw {seen[0]} tokens; "
-            "drop n= to use the inputs' length, or make the inputs match"
-        )
-    if inputs is not None and seen is not None and spec is not None and seen[2] % spec.heads == 0:
-        # With the user's inputs the batch is what they hold: [b, h, n, d] or [b*h, n, d].
-        held = seen[2] // spec.heads
-        if batch_given and held != batch:
-            raise ProfileError(f"{model_name}: batch={batch} was asked for, but the inputs hold a batch of {held}")
-        batch = held
+    n, batch = _read_lengths(model_name, target, args, kwargs, inputs, n, batch, batch_given, spec, parts)
     memory = None
     if spec is not None and spec.cross_attention:
         memory = next((keys for queries, keys, _ in parts.lengths if keys != n), n)
-    layers = spec.layers if spec is not None else max(1, len(parts.attention_modules))
-    return Profile(
+    layers = spec.layers if spec is not None else max(1, len(structure.layers if structure else parts.attention_modules))
+    result = Profile(
         name=model_name,
         n=n,
         batch=batch,
@@ -390,7 +317,91 @@ def _count(
         causal_applied=parts.halved,
         fallback=fallback_reason,
         versions=versions(),
+        ffn_router=parts.ffn_router,
+        notes=tuple(notes),
     )
+    warnings = _warnings(result, parts, structure, raw)
+    return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
+
+
+def _warnings(result: Profile, parts: roles_mod.Split, structure: roles_mod.Structure | None, raw: RawCount) -> list[str]:
+    """What makes this profile's numbers doubtful, each naming the module, the MACs and the cause."""
+    found = [UNPLACED_WARNING.format(module=module, macs=macs) for module, macs in parts.unplaced.items()]
+    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs) for module, macs in parts.unknown_masks.items()]
+    spec = result.spec
+    if structure is not None:
+        for layer in structure.inline:
+            if spec is None or spec.ffn_dim > 0:
+                macs = sum(r.macs for r in raw.records if r.origin == "param" and roles_mod._within(r.scope, layer))
+                found.append(INLINE_WARNING.format(module=layer or type(result).__name__, macs=macs))
+        if spec is not None and (spec.ffn_dim > 0 or spec.moe):
+            found += [NO_FFN_WARNING.format(module=layer or result.name, ffn_dim=spec.ffn_dim)
+                      for layer in structure.layers if layer not in structure.inline and not parts.layer_ffn.get(layer)]
+    if parts.attention_modules and parts.attention_core == 0 and (spec is None or spec.heads):
+        found.append(NO_CORE_WARNING.format(modules=", ".join(parts.attention_modules[:3])))
+    expected = result.formula
+    if expected is not None:
+        for part in COMPONENTS:
+            measured, want = getattr(result, part), getattr(expected, part)
+            if measured != want:
+                found.append(FORMULA_WARNING.format(part=part, measured=measured, expected=want,
+                                                    deviation=(measured - want) / want if want else 1.0))
+    return found
+
+
+def _read_lengths(
+    model_name: str, target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: Any,
+    n: int | None, batch: int, batch_given: bool, spec: ModelSpec | None, parts: roles_mod.Split,
+) -> tuple[int, int]:
+    """n and batch from the inputs: default inputs were built for n; the user's hold their own.
+
+    The token dimension of the main input decides where it can be told (token ids, torch's
+    Transformer modules); otherwise the queries the layers' attention saw (patch models).
+    Block-sparse, chunked or pooled attention may run its products on fewer rows: that is
+    not a different n.
+    """
+    shape = families.token_shape(target, args, kwargs)
+    tokens = None if shape is None else shape[1]
+    seen = _common_queries(parts)
+    if inputs is None and tokens is not None and n is not None:
+        return n, batch  # built for n
+    measured = tokens if tokens is not None else seen
+    if measured is None:
+        if n is None:
+            raise ProfileError(f"{model_name}: no attention ran, so n cannot be read from the inputs; pass n=")
+        measured = n
+    if measured == 0:
+        raise ProfileError(f"{model_name}: the attention ran on 0 tokens (inputs trimmed to nothing?); "
+                           "a profile of nothing cannot stand for the model: check the inputs")
+    if n is not None and measured != n:
+        raise ProfileError(
+            f"{model_name}: n={n} was asked for, but the attention saw {measured} tokens; "
+            "drop n= to use the inputs' length, or make the inputs match"
+        )
+    if seen == 0:
+        raise ProfileError(f"{model_name}: n={measured} was asked for, but the attention ran on 0 tokens "
+                           "(the model trims its inputs?); check the inputs")
+    if inputs is not None:
+        # With the user's inputs the batch is what they hold: the main input's first dimension,
+        # else the attention's leading dimensions [b, h, n, d] or [b*h, n, d] over the spec's heads.
+        held = shape[0] if shape is not None else None
+        if held is None and spec is not None and parts.lengths and parts.lengths[0][2] % spec.heads == 0:
+            held = parts.lengths[0][2] // spec.heads
+        if held is not None:
+            if batch_given and held != batch:
+                raise ProfileError(f"{model_name}: batch={batch} was asked for, but the inputs hold a batch of {held}")
+            batch = held
+    return measured, batch
+
+
+def _common_queries(parts: roles_mod.Split) -> int | None:
+    """The query length most core groups of the layers saw (the first such on a tie)."""
+    if not parts.lengths:
+        return None
+    counts: dict[int, int] = {}
+    for queries, _, _ in parts.lengths:
+        counts[queries] = counts.get(queries, 0) + 1
+    return max(counts, key=lambda q: counts[q])
 
 
 #: Lengths up to which the fallback may run real tensors (weights and activations in memory).
@@ -398,24 +409,40 @@ REAL_TENSOR_MAX_N = 4096
 
 
 def _fallback(
-    target: nn.Module, model_name: str, args: tuple[Any, ...], kwargs: dict[str, Any], n: int | None,
-    first: CountError,
+    target: nn.Module, model_name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+    real_args: tuple[tuple[Any, ...], dict[str, Any]] | None, n: int | None, first: CountError,
+    masks: Mapping[str, Any] | None = None,
 ) -> RawCount:
-    """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n."""
+    """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n.
+
+    Real tensors are the user's own inputs as given (so data-dependent branches take the path
+    those inputs take); default inputs become zero-filled tensors of their shapes.
+    """
     try:
-        return count_forward_torch(meta_twin(target), args, kwargs)
+        twin = meta_twin(target)
+        families.prepare_twin(twin)
+        return count_forward_torch(twin, args, kwargs, buffer_masks=masks)
     except CountError as fake_error:
         on_meta = any(t.is_meta for t in [*target.parameters(), *target.buffers()])
         lengths = [d for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) for d in t.shape[1:2]]
         too_long = (n or max(lengths, default=0)) > REAL_TENSOR_MAX_N
-        if on_meta or too_long:
-            why = "the model lives on the meta device" if on_meta else f"n > {REAL_TENSOR_MAX_N}"
+        user_meta = real_args is not None and any(
+            isinstance(t, torch.Tensor) and t.is_meta for t in pytree.tree_leaves(real_args))
+        if on_meta or too_long or user_meta:
+            why = ("the model lives on the meta device" if on_meta else f"n > {REAL_TENSOR_MAX_N}" if too_long
+                   else "the inputs are meta tensors")
             raise ProfileError(
                 f"{model_name}: {first}\nThe torch backend could not count it either ({fake_error}); real tensors "
                 f"were not tried: {why}."
             ) from first
+        if real_args is not None:
+            real_call = real_args
+        else:
+            real_call = (to_real(args), to_real(kwargs))
+        twin = real_twin(target)
+        families.prepare_twin(twin)
         try:
-            return count_forward_torch(real_twin(target), to_real(args), to_real(kwargs), fake=False)
+            return count_forward_torch(twin, real_call[0], real_call[1], fake=False, buffer_masks=masks)
         except CountError as real_error:
             raise ProfileError(f"{model_name}: {first}\nThe fallback failed too: {real_error}") from first
 

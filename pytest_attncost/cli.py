@@ -25,6 +25,8 @@ PRESETS: dict[str, ModelSpec] = {
     "llama-2-13b": ModelSpec(5120, 40, 128, 40, 13824, gated=True),
     "llama-3-8b": ModelSpec(4096, 32, 128, 32, 14336, kv_heads=8, gated=True),
     "mistral-7b": ModelSpec(4096, 32, 128, 32, 14336, kv_heads=8, gated=True),
+    "mixtral-8x7b": ModelSpec(4096, 32, 128, 32, 14336, kv_heads=8, gated=True, experts=8, top_k=2,
+                              expert_ffn_dim=14336),
 }
 
 
@@ -62,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-heads", type=_positive, help="key/value heads g (grouped-query attention)")
     parser.add_argument("--gated", action="store_true", default=None, help="gated FFN (SwiGLU/GeGLU, 3 matrices)")
     parser.add_argument("--layers", type=_positive, help="layers, for whole-model totals (default 12)")
+    parser.add_argument("--experts", type=_non_negative,
+                        help="routed experts E of a mixture-of-experts FFN (0: dense); the FFN counted is the active one")
+    parser.add_argument("--top-k", type=_positive, help="experts each token runs through (with --experts)")
+    parser.add_argument("--expert-ffn", type=_positive, help="one expert's FFN width (default: --ffn)")
+    parser.add_argument("--shared-ffn", type=_non_negative, help="width of the shared experts (default 0)")
     parser.add_argument("--n", type=_positive, nargs="+", metavar="N",
                         help="lengths (default 128, 512 and both thresholds)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
@@ -86,7 +93,22 @@ def resolve_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> M
         parser.error(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}")
     gated = args.gated if args.gated is not None else (base.gated if base else False)
     layers = args.layers or (base.layers if base else 12)
-    return ModelSpec(hidden, heads, head_dim, layers, ffn, kv_heads=kv_heads, gated=gated)
+    experts = args.experts if args.experts is not None else (base.experts if base else 0)
+    moe: dict[str, Any] = {}
+    if experts:
+        top_k = args.top_k or (base.top_k if base and base.experts else None)
+        if top_k is None:
+            parser.error("--experts needs --top-k (experts each token runs through)")
+        if top_k > experts:
+            parser.error(f"--top-k {top_k} exceeds --experts {experts}")
+        expert_ffn = args.expert_ffn or (base.expert_ffn_dim if base and base.experts and args.ffn is None else ffn)
+        if not expert_ffn:
+            parser.error("--experts needs an expert width: give --expert-ffn")
+        shared = args.shared_ffn if args.shared_ffn is not None else (base.shared_ffn_dim if base else 0)
+        moe = {"experts": experts, "top_k": top_k, "expert_ffn_dim": expert_ffn, "shared_ffn_dim": shared}
+    elif args.top_k or args.expert_ffn or args.shared_ffn:
+        parser.error("--top-k, --expert-ffn and --shared-ffn describe a mixture of experts: give --experts too")
+    return ModelSpec(hidden, heads, head_dim, layers, ffn, kv_heads=kv_heads, gated=gated, **moe)
 
 
 def default_lengths(spec: ModelSpec) -> list[int]:
@@ -108,7 +130,7 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
             "attention_core": costs.attention_core,
             "attention_proj": costs.attention_proj,
             "layer": costs.total,
-            "model": costs.total * spec.layers,
+            "model": formulas.model_costs(spec, n, batch).total,
             "attention_share": costs.attention / costs.total if costs.total else 0.0,
             "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
             "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
@@ -137,9 +159,15 @@ def render(data: dict[str, Any], name: str) -> str:
     hd = spec["heads"] * spec["head_dim"]
     kv = f", {spec['kv_heads']} kv heads" if spec["kv_heads"] else ""
     gated = " gated" if spec["gated"] else ""
+    if spec.get("experts"):
+        shared = f" + shared {spec['shared_ffn_dim']}" if spec.get("shared_ffn_dim") else ""
+        ffn = (f"ffn: {spec['experts']} experts of {spec['expert_ffn_dim']}{gated}, top-{spec['top_k']}{shared} "
+               "(the active FFN, router included)")
+    else:
+        ffn = f"ffn {spec['ffn_dim']}{gated}"
     lines = [
         f"{name}: hidden {spec['hidden']}, {spec['heads']} heads x {spec['head_dim']}{kv}, "
-        f"ffn {spec['ffn_dim']}{gated}, {spec['layers']} layers",
+        f"{ffn}, {spec['layers']} layers",
         f"per layer, batch {data['batch']}, in MAC (1 MAC = 2 FLOP):",
     ]
     headers = ["n", "SA", "FFN", "core", "proj", "SA/(SA+FFN)", "core/(SA+FFN)", "linear saving", "model total"]

@@ -1094,6 +1094,10 @@ _PACKED_WEIGHT_OPS = frozenset({
 _TORCH_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2),
                    "aten::addbmm": (1, 2), "aten::mv": (0, 1), "aten::addmv": (1, 2), "aten::dot": (0, 1),
                    "aten::vdot": (0, 1), "aten::_grouped_mm": (0, 1), "aten::addr": (1, 2)}
+#: Ops whose output is still (part of) their first input: a parameter seen through them is a parameter.
+_PARAM_PASS = frozenset({"index", "index_select", "slice", "select", "t", "transpose", "permute", "view", "reshape",
+                         "_unsafe_view", "expand", "unsqueeze", "squeeze", "alias", "detach", "split", "chunk",
+                         "narrow", "unbind", "_to_copy", "clone", "contiguous", "repeat_interleave"})
 _TORCH_VIEW_OPS = frozenset({"slice", "select", "t", "transpose", "permute", "view", "reshape", "_unsafe_view",
                              "expand", "unsqueeze", "squeeze", "alias", "detach", "split", "chunk", "narrow",
                              "unbind", "as_strided", "_to_copy", "clone", "contiguous"})
@@ -1140,6 +1144,8 @@ class _TorchRecorder:
         self.patterns: Any = WeakTensorKeyDictionary()
         self.flows: Any = WeakTensorKeyDictionary()  # scores -> (forward record indices, labels)
         self.labels: dict[int, list[str]] = {}
+        # tensors made from a parameter by indexing or reshaping (experts picked per token)
+        self.derived: Any = WeakTensorKeyDictionary()
         self.handles: list[Any] = []
         for name, module in model.named_modules():
             self.handles.append(module.register_forward_pre_hook(self._enter(name)))
@@ -1179,7 +1185,8 @@ class _TorchRecorder:
         found = set()
         for tensor in tensors:
             base = tensor._base if tensor._base is not None else tensor
-            if id(tensor) in self.params or id(base) in self.params or isinstance(base, nn.Parameter):
+            if (id(tensor) in self.params or id(base) in self.params or isinstance(base, nn.Parameter)
+                    or tensor in self.derived or base in self.derived):
                 found.add("param")
             elif id(tensor) in self.buffers or id(base) in self.buffers:
                 found.add("buffer")
@@ -1239,11 +1246,15 @@ class _TorchRecorder:
         self._track(op, out, args, kwargs)
 
     def _track(self, op: str, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Follow mask patterns and attention scores through the forward ops."""
+        """Follow mask patterns, attention scores and parameters through the forward ops."""
         first = out[0] if isinstance(out, (tuple, list)) and out else out
         if not isinstance(first, torch.Tensor):
             return
         short = op.split("::", 1)[-1]
+        if short in _PARAM_PASS and self.origin([a for a in args if isinstance(a, torch.Tensor)][:1]) == "param":
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    self.derived[tensor] = True
         flow_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a in self.flows]
         if flow_positions:
             indices, labels = self.flows[args[flow_positions[0]]]

@@ -32,11 +32,8 @@ __all__ = [
     "quadratic_n",
 ]
 
-# transformers families whose MLP is gated (gate, up and down projections).
-GATED_FAMILIES = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-     "phi3", "olmo", "olmo2", "granite", "cohere", "stablelm", "smollm3"}
-)
+
+_MOE_FIELDS = ("experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "shared_gate", "dense_layers")
 
 
 @dataclass(frozen=True)
@@ -52,6 +49,12 @@ class ModelSpec:
         kv_heads: key/value heads ``g`` (grouped-query attention); None means ``h``.
         gated: the FFN has three matrices (SwiGLU/GeGLU) instead of two.
         cross_attention: every layer also attends to ``m`` memory tokens (decoders).
+        experts: routed experts ``E`` of a mixture-of-experts FFN (0: a dense FFN).
+        top_k: experts each token runs through.
+        expert_ffn_dim: one expert's FFN width ``f_e``.
+        shared_ffn_dim: width of the shared experts every token runs through (all of them together).
+        shared_gate: the shared experts sit behind a ``[D, 1]`` gate (Qwen2-MoE).
+        dense_layers: layers whose FFN is dense (width ``ffn_dim``) rather than a mixture.
     """
 
     hidden: int
@@ -62,6 +65,12 @@ class ModelSpec:
     kv_heads: int | None = None
     gated: bool = False
     cross_attention: bool = False
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn_dim: int = 0
+    shared_ffn_dim: int = 0
+    shared_gate: bool = False
+    dense_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("hidden", "heads", "head_dim", "layers"):
@@ -74,6 +83,20 @@ class ModelSpec:
             isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int) or self.kv_heads <= 0
         ):
             raise ValueError(f"ModelSpec.kv_heads must be a positive int or None, got {self.kv_heads!r}")
+        for name in ("experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "dense_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"ModelSpec.{name} must be an int >= 0, got {value!r}")
+        if self.experts:
+            if not 0 < self.top_k <= self.experts:
+                raise ValueError(f"ModelSpec.top_k must be in 1..experts ({self.experts}), got {self.top_k!r}")
+            if self.expert_ffn_dim <= 0:
+                raise ValueError("ModelSpec.expert_ffn_dim must be a positive int when experts > 0")
+            if self.dense_layers > self.layers:
+                raise ValueError(f"ModelSpec.dense_layers ({self.dense_layers}) exceeds layers ({self.layers})")
+        elif self.top_k or self.expert_ffn_dim or self.shared_ffn_dim or self.shared_gate or self.dense_layers:
+            raise ValueError("ModelSpec: top_k, expert_ffn_dim, shared_ffn_dim, shared_gate and dense_layers "
+                             "describe a mixture of experts; set experts= too")
 
     @property
     def g(self) -> int:
@@ -87,13 +110,55 @@ class ModelSpec:
         return 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.g * self.head_dim
 
     @property
-    def ffn_per_token(self) -> int:
-        """``F``: FFN MACs per token of one layer (``2Df``, or ``3Df`` when gated)."""
+    def moe(self) -> bool:
+        """The FFN of (some) layers is a mixture of experts."""
+        return self.experts > 0
+
+    @property
+    def dense_ffn_per_token(self) -> int:
+        """FFN MACs per token of a dense layer (``2Df``, or ``3Df`` when gated)."""
         return (3 if self.gated else 2) * self.hidden * self.ffn_dim
 
+    @property
+    def router_per_token(self) -> int:
+        """The router of a mixture-of-experts layer: ``[n, D] @ [D, E]``."""
+        return self.hidden * self.experts
+
+    @property
+    def moe_ffn_per_token(self) -> int:
+        """Active FFN MACs per token of a mixture-of-experts layer.
+
+        Each token runs through ``top_k`` experts (whatever the routing), plus the router,
+        the shared experts and their gate: ``k·(2|3)·D·f_e + D·E + (2|3)·D·f_s + D``.
+        """
+        matrices = 3 if self.gated else 2
+        shared = matrices * self.hidden * self.shared_ffn_dim + (self.hidden if self.shared_gate else 0)
+        return self.top_k * matrices * self.hidden * self.expert_ffn_dim + self.router_per_token + shared
+
+    @property
+    def ffn_per_token(self) -> int:
+        """``F``: FFN MACs per token of one layer (``2Df``, ``3Df`` gated; the active FFN of a MoE layer)."""
+        return self.moe_ffn_per_token if self.moe else self.dense_ffn_per_token
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose FFN is a mixture of experts."""
+        return self.layers - self.dense_layers if self.moe else 0
+
+    @property
+    def model_ffn_per_token(self) -> int:
+        """FFN MACs per token summed over all layers (dense and mixture-of-experts ones)."""
+        if not self.moe:
+            return self.layers * self.dense_ffn_per_token
+        return self.dense_layers * self.dense_ffn_per_token + self.moe_layers * self.moe_ffn_per_token
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe builtins."""
-        return dataclasses.asdict(self)
+        """JSON-safe builtins (the mixture-of-experts fields only when there are experts)."""
+        data = dataclasses.asdict(self)
+        if not self.experts:
+            for name in _MOE_FIELDS:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
@@ -102,44 +167,15 @@ class ModelSpec:
 
     @classmethod
     def from_config(cls, config: Any) -> ModelSpec:
-        """Read the shape from a transformers ``PretrainedConfig``.
-
-        Covers the BERT/RoBERTa/DistilBERT, GPT-2, LLaMA/Mistral/Qwen2, T5 and
-        ViT families (through transformers' own ``attribute_map`` aliases).
+        """Read the shape from a transformers ``PretrainedConfig`` (see :mod:`pytest_attncost.families`).
 
         Raises:
-            ValueError: the config lacks a field the cost model needs.
+            ValueError: the config does not describe a shape the cost model covers; the
+                message says why.
         """
+        from .families import spec_from_config
 
-        def get(*names: str) -> Any:
-            for name in names:
-                value = getattr(config, name, None)
-                if value is not None:
-                    return value
-            return None
-
-        model_type = str(getattr(config, "model_type", "") or "")
-        hidden = get("hidden_size", "d_model", "n_embd", "dim")
-        heads = get("num_attention_heads", "num_heads", "n_head", "n_heads")
-        layers = get("num_hidden_layers", "num_layers", "n_layer", "n_layers")
-        if hidden is None or heads is None or layers is None:
-            raise ValueError(
-                f"cannot read hidden size, heads and layers from {type(config).__name__}; "
-                "pass spec=ModelSpec(hidden=..., heads=..., head_dim=..., layers=..., ffn_dim=...)"
-            )
-        head_dim = get("head_dim", "d_kv") or hidden // heads
-        ffn_dim = get("intermediate_size", "d_ff", "n_inner", "hidden_dim", "ffn_dim") or 4 * hidden
-        kv_heads = get("num_key_value_heads", "n_kv_heads")
-        gated = bool(getattr(config, "is_gated_act", False)) or model_type in GATED_FAMILIES
-        return cls(
-            hidden=int(hidden),
-            heads=int(heads),
-            head_dim=int(head_dim),
-            layers=int(layers),
-            ffn_dim=int(ffn_dim),
-            kv_heads=None if kv_heads is None or kv_heads == heads else int(kv_heads),
-            gated=gated,
-        )
+        return spec_from_config(config)
 
 
 @dataclass(frozen=True)
@@ -239,7 +275,12 @@ def model_costs(
     ``train`` counts forward and backward with the standard accounting: each matrix product's
     backward costs twice its forward (the gradients of both operands), so 3x in all.
     """
-    return layer_costs(spec, n, batch, m, causal_half=causal_half).scaled(spec.layers * (3 if train else 1))
+    passes = 3 if train else 1
+    layer = layer_costs(spec, n, batch, m, causal_half=causal_half)
+    _check_length("n", n)
+    # dense and mixture-of-experts layers may mix (DeepSeek's first dense layers, Qwen-MoE's mlp_only_layers)
+    return Costs(layer.attention_core * spec.layers * passes, layer.attention_proj * spec.layers * passes,
+                 batch * n * spec.model_ffn_per_token * passes)
 
 
 def linear_attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None) -> int:
@@ -273,10 +314,11 @@ def crossover_n(spec: ModelSpec) -> Fraction | None:
     ``2hd`` (1536 for BERT-base) in the article's models; None when the FFN is no
     larger than the projections, so attention costs more at every length.
     """
-    gap = spec.ffn_per_token - spec.proj_per_token
+    # over the whole model, so that dense and mixture-of-experts layers may mix
+    gap = spec.model_ffn_per_token - spec.layers * spec.proj_per_token
     if gap <= 0:
         return None
-    return Fraction(gap, 2 * spec.heads * spec.head_dim)
+    return Fraction(gap, 2 * spec.heads * spec.head_dim * spec.layers)
 
 
 def quadratic_n(spec: ModelSpec) -> Fraction | None:
@@ -284,7 +326,7 @@ def quadratic_n(spec: ModelSpec) -> Fraction | None:
 
     ``6hd`` (4608 for BERT-base) in the article's models.
     """
-    linear = spec.proj_per_token + spec.ffn_per_token
+    linear = spec.layers * spec.proj_per_token + spec.model_ffn_per_token
     if linear <= 0:
         return None
-    return Fraction(linear, 2 * spec.heads * spec.head_dim)
+    return Fraction(linear, 2 * spec.heads * spec.head_dim * spec.layers)

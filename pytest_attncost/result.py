@@ -39,6 +39,12 @@ class Profile:
         causal_applied: some causal self-attention was counted as a half triangle.
         fallback: why the torch backend stood in for fvcore (None when it did not).
         versions: torch, fvcore and plugin versions that made the count.
+        ffn_router: the part of ``ffn`` spent in mixture-of-experts routers (``D x E`` per token).
+        warnings: why a number may be wrong, each naming the module, the MACs and the cause
+            (products that could not be placed, parts that disagree with the formula, ...);
+            ``--attncost-strict`` fails a test whose profile has one.
+        notes: what the plugin changed or could not do without doubting the count (the
+            experts implementation it ran, why there is no formula).
     """
 
     name: str
@@ -59,6 +65,9 @@ class Profile:
     causal_applied: bool = False
     fallback: str | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
+    ffn_router: int = 0
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def attention(self) -> int:
@@ -179,6 +188,9 @@ class Profile:
             "causal_applied": self.causal_applied,
             "fallback": self.fallback,
             "versions": dict(sorted(self.versions.items())),
+            "ffn_router": self.ffn_router,
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
         }
 
     @classmethod
@@ -188,4 +200,7 @@ class Profile:
         kwargs = {k: v for k, v in data.items() if k in names}
         if kwargs.get("spec") is not None:
             kwargs["spec"] = ModelSpec.from_dict(kwargs["spec"])
+        for name in ("warnings", "notes"):
+            if name in kwargs:
+                kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)

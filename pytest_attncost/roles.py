@@ -1,32 +1,34 @@
-"""Split counted ops into attention_core, attention_proj, ffn and other.
+"""Split counted ops into attention_core, attention_proj, ffn and other — from structure.
 
-By module scope first, then by operand:
+The layers are found from the model's structure, not from class names
+(:func:`find_structure`): the repeated modules (elements of a ``ModuleList`` /
+``Sequential``) that run an attention core — a fused attention op, or two chained
+products of activations (QK^T then AV). Inside a layer:
 
-* a fused attention op (``scaled_dot_product_attention`` and its kernels) is
-  ``attention_core`` wherever it runs;
-* a matrix product inside an attention module is ``attention_proj`` when an
-  operand is a parameter (``x @ W``), ``other`` when it is a buffer (rotary
-  tables), and ``attention_core`` when both operands are activations (QK^T, AV);
-* a matrix product inside an FFN module is ``ffn``;
-* everything else — norms, embeddings, poolers, heads, products outside the
-  layers — is ``other``.
+* the children that run a core are its attention modules: there a product of two
+  activations is ``attention_core``, a product with a parameter ``attention_proj``, a
+  product with a buffer (rotary tables) ``other``;
+* every other parameter product in the layer is ``ffn``, whatever the classes are
+  called (fc1/fc2 on the layer, ``nn.Sequential``, 1x1 convolutions, experts, routers);
+  a router of a mixture of experts is also counted in ``ffn_router``;
+* a product of two activations outside the attention modules cannot be placed: it is
+  ``other`` and listed in :attr:`Split.unplaced`.
 
-Attention and FFN modules are found by class for the transformers families and
-torch's Transformer modules, or named by the user with
-``roles={"attention": [globs], "ffn": [globs]}`` (fnmatch over dotted module names).
+Everything outside the layers (embeddings, poolers, heads, attention-pooling heads) is
+``other``. ``roles={"attention": [globs], "ffn": [globs]}`` (fnmatch over dotted module
+names) replaces the detection.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .counting import ATTENTION_OPS, CONTRACTING_OPS, TORCH_ATTENTION_OPS, OpRecord
 
-__all__ = ["ROLE_NAMES", "RoleError", "Split", "auto_roles", "explicit_roles", "split"]
+__all__ = ["ROLE_NAMES", "RoleError", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure", "split"]
 
 ROLE_NAMES = ("attention", "ffn")
 
@@ -35,9 +37,6 @@ ROLES_HINT = (
     "with fnmatch globs over the module names"
 )
 
-_ATTENTION_CLASS = re.compile(r"Attention")
-_FFN_CLASS = re.compile(r"(MLP|FeedForward|FFN|Intermediate|LayerFF|DenseActDense|DenseGatedActDense)$", re.IGNORECASE)
-_TORCH_LAYERS = ("TransformerEncoderLayer", "TransformerDecoderLayer")
 
 
 # torch's dispatcher names for products fvcore's table spells differently
@@ -51,49 +50,198 @@ class RoleError(ValueError):
 
 @dataclass
 class Split:
-    """Counted MACs by role, plus what the attention saw."""
+    """Counted MACs by role, plus what the attention saw and what could not be placed."""
 
     attention_core: int = 0
     attention_proj: int = 0
     ffn: int = 0
+    ffn_router: int = 0  # part of ffn: the routers of mixture-of-experts layers
     other: int = 0
     attention_modules: list[str] = field(default_factory=list)
-    # (queries, keys, batch x heads) per core op, in graph order
+    # (queries, keys, batch x heads) per core op group of the layers, in graph order
     lengths: list[tuple[int, int, int]] = field(default_factory=list)
     halved: bool = False  # causal self-attention was counted as a half triangle
+    layer_ffn: dict[str, int] = field(default_factory=dict)  # layer -> its ffn MACs
+    unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
+    unknown_masks: dict[str, int] = field(default_factory=dict)  # module -> core MACs under a mask of unknown form
 
 
 def _parent(name: str) -> str:
     return name.rpartition(".")[0]
 
 
-def auto_roles(classes: Mapping[str, str]) -> dict[str, str]:
-    """Roles of modules found by class name; descendants inherit (see :func:`role_of`)."""
-    roles: dict[str, str] = {}
-    children: dict[str, list[str]] = {}
-    for name in classes:
-        if name:
-            children.setdefault(_parent(name), []).append(name)
-    for name, cls in classes.items():
-        if name == "":
+def _ancestors(name: str) -> list[str]:
+    """*name*, its parent, ..., ``""`` (the root)."""
+    chain = [name]
+    while name:
+        name = _parent(name)
+        chain.append(name)
+    return chain
+
+
+def _within(scope: str, module: str) -> bool:
+    return module == "" or scope == module or scope.startswith(module + ".")
+
+
+def _child_towards(module: str, scope: str) -> str:
+    """The direct child of *module* on the way down to *scope* (*module* itself if they are equal)."""
+    if scope == module:
+        return module
+    rest = scope[len(module) + 1 :] if module else scope
+    head = rest.split(".", 1)[0]
+    return f"{module}.{head}" if module else head
+
+
+def _is_product(record: OpRecord) -> bool:
+    return record.op in CONTRACTING_OPS or record.op in _TORCH_PRODUCTS
+
+
+def _is_fused(record: OpRecord) -> bool:
+    return record.op in ATTENTION_OPS or record.op in TORCH_ATTENTION_OPS
+
+
+def _common(first: str, second: str) -> str:
+    """The innermost module enclosing both scopes."""
+    ancestors = set(_ancestors(first))
+    return next(a for a in _ancestors(second) if a in ancestors)
+
+
+def core_scopes(records: Sequence[OpRecord]) -> dict[str, None]:
+    """Scopes that run an attention core: a fused attention op, or two chained products of activations.
+
+    Chained: a later activation x activation product takes the earlier one's output shape as an
+    operand (QK^T [.., n, m] then probabilities [.., n, m] @ V; linear attention's K^T V [.., d, d]
+    then Q @ (K^T V)), in the same module or in two sibling modules without parameters of one
+    attention module (SqueezeBERT's ``matmul_qk`` / ``matmul_qkv``), which is then the scope; or two products of
+    activation matrices in a module with at least three parameter products of its own (banded
+    attention). A product of activations yielding vectors (a state-space scan step) is not attention.
+    """
+    found: dict[str, None] = {}
+    outputs: dict[str, set[tuple[int, ...]]] = {}
+    matrices: dict[str, int] = {}
+    previous: OpRecord | None = None
+    param_scopes = [r.scope for r in records if _is_product(r) and r.origin == "param"]
+    for record in records:
+        if _is_fused(record):
+            found.setdefault(record.scope, None)
             continue
-        parent_cls = classes.get(_parent(name), "")
-        if _ATTENTION_CLASS.search(cls):
-            roles[name] = "attention"
-        elif _FFN_CLASS.search(cls):
-            roles[name] = "ffn"
-        elif parent_cls in _TORCH_LAYERS and name.rsplit(".", 1)[-1] in ("linear1", "linear2"):
-            roles[name] = "ffn"
-        elif cls.endswith("Output") and any(
-            _FFN_CLASS.search(classes[s]) and "Intermediate" in classes[s] for s in children.get(_parent(name), [])
-        ):
-            roles[name] = "ffn"  # BERT/ViT layout: layer.intermediate + layer.output form the FFN
-    # The root itself is a role only when nothing inside it is (a bare nn.MultiheadAttention);
-    # otherwise a model class named "...Attention..." would swallow its own FFN.
-    root = classes.get("", "")
-    if not roles and _ATTENTION_CLASS.search(root):
-        roles[""] = "attention"
-    return roles
+        if not (_is_product(record) and record.origin == "activation"):
+            continue
+        if any(shape in outputs.get(record.scope, ()) for shape in record.shapes):
+            found.setdefault(record.scope, None)
+        elif previous is not None and previous.out_shape and previous.out_shape in record.shapes:
+            common = _common(previous.scope, record.scope)
+            wrappers = not any(_within(p, previous.scope) or _within(p, record.scope) for p in param_scopes)
+            if common and wrappers and common in (_parent(previous.scope), _parent(record.scope)):
+                found.setdefault(common, None)
+        if record.out_shape:
+            outputs.setdefault(record.scope, set()).add(record.out_shape)
+        if len(record.out_shape) >= 2 and min(record.out_shape[-2:]) > 1:
+            matrices[record.scope] = matrices.get(record.scope, 0) + 1
+        previous = record
+    # Banded and chunked attention (Longformer) reshapes its scores between QK^T and AV: two
+    # products of activation matrices in one module that has its own Q, K and V projections.
+    for scope, count in matrices.items():
+        if count >= 2 and scope not in found and sum(_within(p, scope) for p in param_scopes) >= 3:
+            found[scope] = None
+    return found
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What the model's structure says: its layers, their attention modules, and what sits outside.
+
+    Attributes:
+        layers: the repeated modules (elements of a ModuleList / Sequential) that run attention,
+            ``""`` when the whole model is one layer.
+        attention: per layer, its children that run an attention core (the layer itself when
+            the attention runs in the layer's own forward).
+        inline: layers whose attention runs in their own forward: their projections and FFN
+            cannot be told apart.
+        outside: modules outside every layer that run attention (attention-pooling heads).
+        routers: per experts module, the number of experts.
+    """
+
+    layers: tuple[str, ...] = ()
+    attention: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    inline: tuple[str, ...] = ()
+    outside: tuple[str, ...] = ()
+    experts: Mapping[str, int] = field(default_factory=dict)
+
+    def roles(self) -> dict[str, str]:
+        """Module -> role: every layer is ``ffn`` except its attention children (nearest role wins)."""
+        assigned: dict[str, str] = {}
+        for layer in self.layers:
+            assigned[layer] = "attention" if layer in self.inline else "ffn"
+            for module in self.attention.get(layer, ()):
+                assigned[module] = "attention"
+        return assigned
+
+
+def find_structure(
+    records: Sequence[OpRecord], containers: Iterable[str], experts: Mapping[str, int] | None = None
+) -> Structure:
+    """Layers and attention modules from the module tree and the counted ops (no class names).
+
+    A layer is the innermost element of a ``ModuleList`` / ``Sequential`` above an attention core
+    that also holds parameter products beside the child running the core (its FFN: a Swin stage
+    holds blocks, a T5 block holds a list of sublayers, a GPT block holds a list of heads);
+    failing that (attention-only stacks), the outermost such element. Without any such element, the innermost module with
+    parameter products beside its attention child; failing that, the whole model.
+    """
+    boxes = frozenset(containers)
+
+    def child_of(module: str, scope: str) -> str:
+        # through containers: T5's block.0.layer (a ModuleList) holds layer.0 (attention) and layer.1 (FFN)
+        child = _child_towards(module, scope)
+        while child in boxes and child != scope:
+            child = _child_towards(child, scope)
+        return child
+
+    cores = core_scopes(records)
+    param_scopes = [r.scope for r in records if _is_product(r) and r.origin == "param"]
+    layer_of: dict[str, str | None] = {}
+    for scope in cores:
+        elements = [a for a in _ancestors(scope) if a and _parent(a) in boxes]  # innermost first
+        chosen: str | None = None
+        for element in elements:
+            child = child_of(element, scope)
+            if child != element and any(
+                _within(p, element) and not _within(p, child) for p in param_scopes
+            ):
+                chosen = element
+                break
+        if chosen is None and elements:
+            chosen = elements[-1]  # an attention-only stack: the outermost element
+        layer_of[scope] = chosen
+    if not any(layer is not None for layer in layer_of.values()):
+        # no stack of layers: the innermost module with an FFN beside its attention, else the model
+        for scope in cores:
+            layer_of[scope] = next(
+                (a for a in _ancestors(scope) if (child := child_of(a, scope)) != a
+                 and any(_within(p, a) and not _within(p, child) for p in param_scopes)),
+                "",
+            )
+    layers: dict[str, None] = {}
+    attention: dict[str, dict[str, None]] = {}
+    inline: dict[str, None] = {}
+    outside: dict[str, None] = {}
+    for scope, layer in layer_of.items():
+        if layer is None:
+            outside.setdefault(scope, None)
+            continue
+        layers.setdefault(layer, None)
+        child = child_of(layer, scope)
+        if child == layer:
+            inline.setdefault(layer, None)
+        attention.setdefault(layer, {}).setdefault(child, None)
+    return Structure(
+        layers=tuple(layers),
+        attention={layer: tuple(children) for layer, children in attention.items()},
+        inline=tuple(inline),
+        outside=tuple(outside),
+        experts=dict(experts or {}),
+    )
 
 
 def explicit_roles(roles: Mapping[str, Iterable[str]], names: Sequence[str]) -> dict[str, str]:
@@ -178,39 +326,85 @@ def _half(record: OpRecord) -> int:
     return record.macs // n * (n + 1) // 2
 
 
+def _router(record: OpRecord, experts: Mapping[str, int]) -> bool:
+    """A parameter product beside an experts module, in its mixture block, with one output per expert."""
+    if not record.out_shape:
+        return False
+    for module, count in experts.items():
+        block = _parent(module)
+        if _within(record.scope, block) and not _within(record.scope, module) and record.out_shape[-1] == count:
+            return True
+    return False
+
+
 def split(
-    records: Iterable[OpRecord], roles: Mapping[str, str], causal_modules: frozenset[str] = frozenset()
+    records: Iterable[OpRecord],
+    roles: Mapping[str, str],
+    causal_modules: frozenset[str] | None = None,
+    structure: Structure | None = None,
 ) -> Split:
-    """Sum the records by role; core ops of the *causal_modules* count the half triangle."""
+    """Sum the records by role; with *causal_modules* (``causal="half"``), core ops of causal
+    self-attention count the half triangle: those of these modules, and those whose record
+    says they ran under a causal mask.
+
+    *roles* maps modules to ``attention`` / ``ffn`` (nearest enclosing module wins). With a
+    *structure* (automatic detection) the rules are strict: a fused attention op outside the
+    attention modules is ``other`` (an attention-pooling head), and a product of two
+    activations outside them cannot be placed (``other``, listed in ``Split.unplaced``). With
+    the user's ``roles=`` a fused attention op is a core wherever it runs.
+    """
     result = Split()
     seen_modules: dict[str, None] = {}
     groups: list[tuple[str, list[OpRecord]]] = []
+    layers = structure.layers if structure is not None else ()
+    experts = structure.experts if structure is not None else {}
+    records = list(records)
+    # a router's module: its backward products (train mode) belong to it too
+    routers = {r.scope for r in records if experts and _is_product(r) and r.origin == "param" and _router(r, experts)}
     for record in records:
         role = role_of(record.scope, roles)
-        if record.op in ATTENTION_OPS or record.op in TORCH_ATTENTION_OPS:
-            bucket = "attention_core"
-        elif record.op in CONTRACTING_OPS or record.op in _TORCH_PRODUCTS:
+        macs = record.macs
+        router = False
+        if _is_fused(record):
+            bucket = "attention_core" if role == "attention" or structure is None else "other"
+        elif _is_product(record):
             if role == "attention":
                 bucket = {"param": "attention_proj", "buffer": "other"}.get(record.origin, "attention_core")
-            elif role == "ffn":
+            elif role == "ffn" and structure is None:
                 bucket = "ffn"
+            elif role == "ffn":
+                bucket = {"param": "ffn", "buffer": "other"}.get(record.origin, "unplaced")
+                router = bucket == "ffn" and record.scope in routers
             else:
                 bucket = "other"
         else:
             bucket = "other"
-        macs = record.macs
-        if bucket == "attention_core" and causal_modules and _causal(record.scope, causal_modules):
-            halved = _half(record)
-            if halved != macs:
-                result.halved = True
-            macs = halved
+        if bucket == "unplaced":
+            result.unplaced[record.scope] = result.unplaced.get(record.scope, 0) + macs
+            bucket = "other"
+        if bucket == "attention_core" and causal_modules is not None:
+            mask = getattr(record, "mask", "")
+            if mask == "causal" or _causal(record.scope, causal_modules):
+                halved = _half(record)
+                result.halved |= halved != macs
+                macs = halved
+            elif mask == "unknown":
+                result.unknown_masks[record.scope] = result.unknown_masks.get(record.scope, 0) + macs
         setattr(result, bucket, getattr(result, bucket) + macs)
-        root = _attention_root(record.scope, roles) if role == "attention" else record.scope
+        if router:
+            result.ffn_router += macs
+        if bucket == "ffn" and layers:
+            layer = next((name for name in layers if _within(record.scope, name)), None)
+            if layer is not None:
+                result.layer_ffn[layer] = result.layer_ffn.get(layer, 0) + macs
         if role == "attention":
+            root = _attention_root(record.scope, roles)
             seen_modules.setdefault(root, None)
+        else:
+            root = record.scope
         if bucket == "attention_core":
             # consecutive core ops of one module call form a group (QK^T then AV)
-            if groups and groups[-1][0] == root and record.op not in ATTENTION_OPS:
+            if groups and groups[-1][0] == root and not _is_fused(record):
                 groups[-1][1].append(record)
             else:
                 groups.append((root, [record]))

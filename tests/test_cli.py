@@ -40,7 +40,26 @@ PRESET_THRESHOLDS = {
     "llama-3-8b": ((3 * 4096 * 14336 - (2 * 4096**2 + 2 * 4096 * 1024)) / 8192,
                    (3 * 4096 * 14336 + (2 * 4096**2 + 2 * 4096 * 1024)) / 8192),
     "mistral-7b": (16384, 26624),
+    # mixture of experts: the active FFN, top-2 of 8 gated experts of 14336 plus the router [4096, 8]
+    "mixtral-8x7b": ((2 * 3 * 4096 * 14336 + 4096 * 8 - (2 * 4096**2 + 2 * 4096 * 1024)) / 8192,
+                     (2 * 3 * 4096 * 14336 + 4096 * 8 + (2 * 4096**2 + 2 * 4096 * 1024)) / 8192),
 }
+
+
+def test_mixture_of_experts_options(capsys):
+    # Mixtral-8x7B by hand: crossover (F - P) / 2hd with F = k*3*D*f_e + D*E
+    assert cli.main(["--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--gated", "--experts", "8",
+                     "--top-k", "2", "--expert-ffn", "14336", "--layers", "32", "--n", "512", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["crossover_n"] == 37892
+    assert data["rows"][0]["ffn"] == 512 * (2 * 3 * 4096 * 14336 + 4096 * 8)
+    assert data["spec"]["experts"] == 8 and data["spec"]["top_k"] == 2
+    with pytest.raises(SystemExit):
+        cli.main(["--hidden", "64", "--heads", "4", "--experts", "4"])
+    assert "--experts needs --top-k" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--hidden", "64", "--heads", "4", "--top-k", "2"])
+    assert "give --experts too" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("preset", sorted(cli.PRESETS))

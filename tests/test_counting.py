@@ -238,7 +238,7 @@ def test_model_is_untouched(monkeypatch):
     monkeypatch.undo()
     bad_inputs = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "attention_mask": torch.ones(1, 3)}
     with pytest.raises(ProfileError, match="could not trace"):
-        profile(model, inputs=bad_inputs)
+        profile(model, inputs=bad_inputs, fallback=False)
     _assert_same(model, before)
     assert torch.equal(torch.random.get_rng_state(), rng)
 

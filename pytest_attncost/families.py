@@ -1,0 +1,337 @@
+"""What the plugin knows about model families, in one place.
+
+The counting and the role split work from a model's *structure* (see
+:mod:`pytest_attncost.roles`); this module holds the little that cannot be read from
+structure alone:
+
+* the cost-model shape (:class:`ModelSpec`) of a config, or why there is none;
+* default inputs for models that take token ids, images, or torch's ``(n, b, D)`` tensors;
+* what the meta twin must change to run at all or to count without chance
+  (experts implementations, LayerDrop);
+* which modules hold mixture-of-experts weights.
+
+A new family is one small change here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .formulas import ModelSpec
+
+__all__ = [
+    "GATED_FAMILIES",
+    "InputsError",
+    "batch_first",
+    "default_inputs",
+    "experts_of",
+    "prepare_twin",
+    "spec_from_config",
+    "spec_of",
+]
+
+# transformers families whose MLP is gated (gate, up and down projections).
+GATED_FAMILIES = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2", "gemma3",
+     "gemma3_text", "phi3", "olmo", "olmo2", "olmo3", "olmoe", "granite", "granitemoe", "granitemoeshared",
+     "cohere", "cohere2", "stablelm", "smollm3", "deepseek_v3", "deepseek_v2", "helium", "glm", "ministral"}
+)
+
+INPUTS_HINT = (
+    "pass inputs= as a tuple of positional arguments, a dict of keyword arguments, "
+    "or a callable (n, batch) -> tuple | dict"
+)
+
+
+class InputsError(ValueError):
+    """Default inputs cannot be built; the message says what to pass."""
+
+
+def _get(config: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _moe_fields(config: Any, layers: int, heads_hidden: int) -> dict[str, Any]:
+    """experts, top_k, expert and shared widths, dense layers of a mixture-of-experts config."""
+    experts = _get(config, "num_local_experts", "num_experts", "n_routed_experts")
+    if not experts:
+        return {}
+    top_k = _get(config, "num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts")
+    if not top_k:
+        raise ValueError(f"{type(config).__name__} has {experts} experts but no num_experts_per_tok")
+    width = _get(config, "moe_intermediate_size") or _get(config, "intermediate_size") or 4 * heads_hidden
+    fields: dict[str, Any] = {"experts": int(experts), "top_k": int(top_k), "expert_ffn_dim": int(width)}
+    shared = _get(config, "shared_expert_intermediate_size", "shared_intermediate_size")
+    if shared:  # Qwen2-MoE: one shared expert behind a sigmoid gate [D, 1]
+        fields["shared_ffn_dim"] = int(shared)
+        fields["shared_gate"] = bool(getattr(config, "shared_expert_intermediate_size", None))
+    n_shared = _get(config, "n_shared_experts")
+    if n_shared:  # DeepSeek: n shared experts fused into one MLP of n x the expert width
+        fields["shared_ffn_dim"] = int(n_shared) * int(width)
+    dense = 0
+    first_dense = _get(config, "first_k_dense_replace")
+    if first_dense:
+        dense = min(layers, int(first_dense))
+    only_mlp = getattr(config, "mlp_only_layers", None)
+    step = getattr(config, "decoder_sparse_step", None)
+    if only_mlp is not None or step is not None:
+        sparse = [i for i in range(layers)
+                  if i not in set(only_mlp or ()) and (not step or (i + 1) % int(step) == 0)]
+        dense = layers - len(sparse)
+    if dense:
+        fields["dense_layers"] = dense
+    return fields
+
+
+def spec_from_config(config: Any) -> ModelSpec:
+    """Read the cost-model shape from a transformers config (or any object with such fields).
+
+    Covers the fields transformers uses across families (``hidden_size``/``d_model``/
+    ``n_embd``/``dim``, grouped-query heads, explicit head sizes, gated FFNs, mixtures of
+    experts with shared experts and dense layers).
+
+    Raises:
+        ValueError: the config describes something the cost model does not cover (two
+            towers, per-stage widths, latent attention), or lacks a field; the message says why.
+    """
+    name = type(config).__name__
+    if getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None) is not None:
+        raise ValueError(f"{name} describes two towers (text and vision) of different shapes; "
+                         "profile one tower, or pass spec=ModelSpec(...)")
+    if _get(config, "q_lora_rank", "kv_lora_rank") is not None:
+        raise ValueError(f"{name} uses multi-head latent attention (low-rank Q/KV projections), "
+                         "which the cost model does not describe; pass spec= for a formula")
+    model_type = str(getattr(config, "model_type", "") or "")
+    hidden = _get(config, "hidden_size", "d_model", "n_embd", "dim", "embed_dim")
+    heads = _get(config, "num_attention_heads", "num_heads", "n_head", "n_heads", "encoder_attention_heads")
+    layers = _get(config, "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers")
+    if hidden is None or heads is None or layers is None:
+        raise ValueError(
+            f"cannot read hidden size, heads and layers from {name}; "
+            "pass spec=ModelSpec(hidden=..., heads=..., head_dim=..., layers=..., ffn_dim=...)"
+        )
+    for field, value in (("heads", heads), ("layers", layers), ("hidden size", hidden)):
+        if isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} gives per-stage {field} ({list(value)}): its stages differ in shape "
+                             "(a hierarchical model such as Swin); pass spec= for one stage")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: {field} is {value!r}, not an int; pass spec=ModelSpec(...)")
+    head_dim = _get(config, "head_dim", "d_kv") or hidden // heads
+    ffn_dim = _get(config, "intermediate_size", "d_ff", "n_inner", "hidden_dim", "ffn_dim", "ffn_hidden_size",
+                   "encoder_ffn_dim") or 4 * hidden
+    kv_heads = _get(config, "num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
+    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
+        kv_heads = 1  # Falcon's multi-query attention
+    gated = bool(getattr(config, "is_gated_act", False)) or model_type in GATED_FAMILIES
+    return ModelSpec(
+        hidden=int(hidden),
+        heads=int(heads),
+        head_dim=int(head_dim),
+        layers=int(layers),
+        ffn_dim=int(ffn_dim),
+        kv_heads=None if kv_heads is None or kv_heads == heads else int(kv_heads),
+        gated=gated,
+        **_moe_fields(config, int(layers), int(hidden)),
+    )
+
+
+def spec_of(model: nn.Module) -> tuple[ModelSpec | None, str | None]:
+    """The cost-model shape of *model*, or None and a note saying why there is none."""
+    config = getattr(model, "config", None)
+    if config is not None and not isinstance(config, Mapping):
+        if hasattr(model, "encoder") and hasattr(model, "decoder") and isinstance(model.decoder, nn.Module):
+            return None, (f"{type(model).__name__} is an encoder-decoder: the formulas describe one stack; "
+                          "profile the encoder or the decoder alone, or pass spec=")
+        try:
+            return spec_from_config(config), None
+        except (ValueError, TypeError) as exc:
+            return None, str(exc)
+    if isinstance(model, nn.MultiheadAttention):
+        return ModelSpec(model.embed_dim, model.num_heads, model.head_dim, layers=1, ffn_dim=0), None
+    if isinstance(model, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+        attn = model.self_attn
+        return ModelSpec(
+            attn.embed_dim, attn.num_heads, attn.head_dim, layers=1, ffn_dim=model.linear1.out_features,
+            cross_attention=isinstance(model, nn.TransformerDecoderLayer),
+        ), None
+    if isinstance(model, (nn.TransformerEncoder, nn.TransformerDecoder)):
+        first, why = spec_of(model.layers[0])
+        if first is None:
+            return None, why
+        return ModelSpec(**{**first.to_dict(), "layers": len(model.layers)}), None
+    return None, None
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+def float_dtype(model: nn.Module) -> torch.dtype:
+    """The first floating-point parameter's dtype (float32 for a model without one)."""
+    for tensor in model.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.float32
+
+
+def batch_first(model: nn.Module) -> bool:
+    """Whether torch's Transformer module takes ``(batch, n, D)`` (else ``(n, batch, D)``)."""
+    if isinstance(model, nn.MultiheadAttention):
+        return bool(model.batch_first)
+    if isinstance(model, (nn.TransformerEncoder, nn.TransformerDecoder)):
+        return batch_first(model.layers[0])
+    return bool(getattr(model.self_attn, "batch_first", False))
+
+
+_TORCH_KINDS = (nn.MultiheadAttention, nn.TransformerEncoder, nn.TransformerEncoderLayer,
+                nn.TransformerDecoder, nn.TransformerDecoderLayer)
+
+
+def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Inputs for known model kinds, built on the meta device (no memory, no values).
+
+    Vision models take an image of the config's size (n is then patches + 1); every
+    other kind needs *n*.
+
+    Raises:
+        InputsError: *n* is missing, or the model's inputs cannot be guessed.
+    """
+    def need_n() -> int:
+        if n is None:
+            raise InputsError(f"profile({type(model).__name__}) needs n= (or inputs=): the sequence length to count at")
+        return n
+
+    meta = torch.device("meta")
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "model_type"):
+        params: Mapping[str, Any]
+        try:
+            params = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        main = getattr(model, "main_input_name", "input_ids")
+        kwargs: dict[str, Any] = {}
+        if main == "input_ids":
+            length = need_n()
+            kwargs["input_ids"] = torch.zeros((batch, length), dtype=torch.long, device=meta)
+            # Explicit positions and token types: counting past max_position_embeddings is
+            # the article's what-if, and slicing the model's own buffers would stop at it.
+            for extra in ("position_ids", "token_type_ids", "decoder_input_ids"):
+                if extra in params:
+                    kwargs[extra] = torch.zeros((batch, length), dtype=torch.long, device=meta)
+        elif main == "pixel_values":
+            size = getattr(config, "image_size", 224)
+            channels = getattr(config, "num_channels", 3)
+            if isinstance(size, (list, tuple)):
+                size = tuple(size)
+            else:
+                size = (size, size)
+            kwargs["pixel_values"] = torch.zeros((batch, channels, *size), dtype=float_dtype(model), device=meta)
+        else:
+            raise InputsError(f"cannot build default inputs for {type(model).__name__} ({main!r}); {INPUTS_HINT}")
+        if "use_cache" in params:
+            kwargs["use_cache"] = False  # a DynamicCache cannot cross the tracer
+        return (), kwargs
+    if isinstance(model, _TORCH_KINDS):
+        length = need_n()
+        spec, _ = spec_of(model)
+        width = model.embed_dim if isinstance(model, nn.MultiheadAttention) else spec.hidden  # type: ignore[union-attr]
+        shape = (batch, length, width) if batch_first(model) else (length, batch, width)
+        x = torch.zeros(shape, dtype=float_dtype(model), device=meta)
+        if isinstance(model, nn.MultiheadAttention):
+            return (x, x, x), {}
+        if isinstance(model, (nn.TransformerDecoder, nn.TransformerDecoderLayer)):
+            return (x, torch.zeros(shape, dtype=x.dtype, device=meta)), {}
+        return (x,), {}
+    raise InputsError(f"cannot guess the inputs of {type(model).__name__}; {INPUTS_HINT}")
+
+
+def token_shape(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(batch, n)`` of the main input, where it can be told without running the model.
+
+    Token ids ``(batch, n)`` (the model's ``main_input_name``, or the first integer tensor),
+    or torch's Transformer modules' ``(batch, n, D)`` / ``(n, batch, D)``. None for images and
+    for float inputs of models whose layout is unknown.
+    """
+    main = kwargs.get(getattr(model, "main_input_name", "input_ids"))
+    candidates = [main] if isinstance(main, torch.Tensor) else []
+    candidates += [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    for tensor in candidates:
+        if tensor.dim() == 2 and not tensor.is_floating_point() and tensor.dtype != torch.bool:
+            return int(tensor.shape[0]), int(tensor.shape[1])
+    if isinstance(model, _TORCH_KINDS) and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
+        first = args[0].shape
+        return (int(first[0]), int(first[1])) if batch_first(model) else (int(first[1]), int(first[0]))
+    return None
+
+
+# --- the twin --------------------------------------------------------------------------------
+
+EXPERTS_NOTE = ("experts ran as batched_mm on the meta twin (the model uses {impl}): the same tokens x top_k rows "
+                "through one expert's matrices, the same MACs")
+LAYERDROP_NOTE = "{what} switched off on the twin so that chance does not decide the count"
+
+
+def prepare_twin(twin: nn.Module) -> list[str]:
+    """Make the twin countable and deterministic; returns notes on what was changed.
+
+    * Mixture-of-experts layers run ``batched_mm``: the default ``grouped_mm`` meta kernel
+      refuses float32 and ``eager`` reads routing values, which meta tensors do not have.
+      Every implementation runs tokens x top_k rows through one expert's matrices.
+    * LayerDrop and stochastic depth are switched off (they skip whole layers at random in
+      training mode).
+    """
+    notes: list[str] = []
+    configs: dict[int, Any] = {}
+    for module in twin.modules() if experts_of(twin) else ():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_experts_implementation"):
+            configs.setdefault(id(config), config)
+    for config in configs.values():
+        impl = config._experts_implementation
+        if impl not in (None, "batched_mm"):
+            config._experts_implementation = "batched_mm"
+            note = EXPERTS_NOTE.format(impl=impl)
+            if note not in notes:
+                notes.append(note)
+    dropped: list[str] = []
+    for name, module in twin.named_modules():
+        for attr in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop"):
+            value = getattr(module, attr, None)
+            if isinstance(value, float) and value > 0 and module.training:
+                setattr(module, attr, 0.0)
+                dropped.append(f"LayerDrop ({name or 'model'}.{attr}={value})")
+        drop_prob = getattr(module, "drop_prob", None)
+        if "DropPath" in type(module).__name__ and isinstance(drop_prob, float) and drop_prob > 0 and module.training:
+            module.drop_prob = 0.0
+            dropped.append(f"stochastic depth ({name})")
+    if dropped:
+        shown = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+        notes.append(LAYERDROP_NOTE.format(what=shown))
+    return notes
+
+
+def experts_of(model: nn.Module) -> dict[str, int]:
+    """Modules holding mixture-of-experts weights -> number of experts.
+
+    A module with ``num_experts`` and stacked expert weights (a 3-D parameter ``[E, ., .]``,
+    transformers 5), or a ``ModuleList`` named ``experts``.
+    """
+    found: dict[str, int] = {}
+    for name, module in model.named_modules():
+        count = getattr(module, "num_experts", None)
+        if isinstance(count, int) and count > 1 and any(
+            p.dim() == 3 and p.shape[0] == count for p in module.parameters(recurse=False)
+        ):
+            found[name] = count
+        elif isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "experts" and len(module) > 1:
+            found[name] = len(module)
+    return found

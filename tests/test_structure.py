@@ -1,0 +1,341 @@
+"""Roles from structure: models nobody anticipated are split right, or say why they cannot be.
+
+Each model is written here; each expected split is worked out by hand in the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pytest_attncost import ModelSpec, ProfileError, api, formulas, profile
+from pytest_attncost.families import spec_from_config
+
+D, H, FF, L = 64, 4, 128, 2
+
+
+def lin(tokens: int, fan_in: int, fan_out: int) -> int:
+    return tokens * fan_in * fan_out
+
+
+# --- models whose FFN no class name announces -------------------------------------------------
+
+
+class SelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(D, 3 * D)
+        self.out = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, H, D // H).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        return self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, D))
+
+
+class SequentialBlock(nn.Module):
+    """The FFN is an anonymous nn.Sequential named ``body``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixer = SelfAttention()
+        self.body = nn.Sequential(nn.Linear(D, FF), nn.GELU(), nn.Linear(FF, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mixer(x)
+        return x + self.body(x)
+
+
+class AttentionPooling(nn.Module):
+    """A learned query attends over the layers' output: attention, but outside the layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(1, 1, D))
+        self.attn = nn.MultiheadAttention(D, H, batch_first=True)
+        self.proj = nn.Linear(D, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled, _ = self.attn(self.query.expand(x.shape[0], -1, -1), x, x, need_weights=False)
+        return self.proj(pooled)
+
+
+class Encoder(nn.Module):
+    def __init__(self, pooling: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, D)
+        self.blocks = nn.ModuleList(SequentialBlock() for _ in range(L))
+        self.head = AttentionPooling() if pooling else nn.Linear(D, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def block_split(n: int, b: int = 1) -> tuple[int, int, int]:
+    tokens = b * n
+    core = 2 * b * H * n * n * (D // H)  # QK^T + AV over h heads of d = D/h
+    proj = lin(tokens, D, 3 * D) + lin(tokens, D, D)
+    ffn = lin(tokens, D, FF) + lin(tokens, FF, D)
+    return L * core, L * proj, L * ffn
+
+
+def test_sequential_ffn_is_ffn() -> None:
+    n, b = 24, 2
+    p = profile(Encoder(), inputs=(torch.zeros(b, n, dtype=torch.long),))
+    assert (p.attention_core, p.attention_proj, p.ffn) == block_split(n, b)
+    assert (p.n, p.batch, p.layers, p.warnings) == (n, b, L, ())
+    assert p.other == lin(b * n, D, 8)  # the head
+
+
+def test_attention_pooling_head_is_other_and_not_a_layer() -> None:
+    n, b = 24, 2
+    p = profile(Encoder(pooling=True), inputs=(torch.zeros(b, n, dtype=torch.long),))
+    assert (p.attention_core, p.attention_proj, p.ffn) == block_split(n, b)
+    assert p.layers == L
+    # one query over n keys: q, k, v and out projections plus QK^T and AV, then the head's Linear
+    pooling = lin(b, D, D) + 2 * lin(b * n, D, D) + lin(b, D, D) + 2 * b * H * 1 * n * (D // H) + lin(b, D, 8)
+    assert p.other == pooling
+
+
+# --- nanoGPT and the lecture model ------------------------------------------------------------
+
+
+class LectureHead(nn.Module):
+    """One head of the 'Let's build GPT' lecture: q @ k^T under a tril mask, then @ v."""
+
+    def __init__(self, size: int, block: int = 32) -> None:
+        super().__init__()
+        self.key = nn.Linear(D, size, bias=False)
+        self.query = nn.Linear(D, size, bias=False)
+        self.value = nn.Linear(D, size, bias=False)
+        self.register_buffer("tril", torch.tril(torch.ones(block, block)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, t, _ = x.shape
+        k, q = self.key(x), self.query(x)
+        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
+        wei = wei.masked_fill(self.tril[:t, :t] == 0, float("-inf")).softmax(dim=-1)
+        return wei @ self.value(x)
+
+
+class LectureMultiHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(LectureHead(D // H) for _ in range(H))
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
+
+
+class LectureBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sa = LectureMultiHead()
+        self.ffwd = nn.Sequential(nn.Linear(D, 4 * D), nn.ReLU(), nn.Linear(4 * D, D))
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.sa(self.ln1(x))
+        return x + self.ffwd(self.ln2(x))
+
+
+class LectureGPT(nn.Module):
+    def __init__(self, layers: int = L) -> None:
+        super().__init__()
+        self.token = nn.Embedding(65, D)
+        self.position = nn.Embedding(32, D)
+        self.blocks = nn.Sequential(*[LectureBlock() for _ in range(layers)])
+        self.lm_head = nn.Linear(D, 65)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.token(idx) + self.position(torch.arange(idx.shape[1], device=idx.device))
+        return self.lm_head(self.blocks(x))
+
+
+@pytest.mark.parametrize("layers", [1, L])
+def test_lecture_model_heads_in_a_module_list(layers: int) -> None:
+    """The heads are a ModuleList inside each block: the block is the layer, not the head."""
+    n, b = 16, 2
+    p = profile(LectureGPT(layers), inputs=(torch.zeros(b, n, dtype=torch.long),))
+    tokens = b * n
+    assert p.attention_core == layers * H * 2 * b * n * n * (D // H)
+    assert p.attention_proj == layers * (H * 3 * lin(tokens, D, D // H) + lin(tokens, D, D))
+    assert p.ffn == layers * 2 * lin(tokens, D, 4 * D)
+    assert p.by_module["lm_head"] == lin(tokens, D, 65)  # other: the head (and fvcore's layer norms)
+    assert (p.n, p.batch, p.layers, p.warnings) == (n, b, layers, ())
+
+
+# --- never silently wrong ---------------------------------------------------------------------
+
+
+class InlineBlock(nn.Module):
+    """Attention computed in the block's own forward: projections and FFN are siblings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+        self.up, self.down = nn.Linear(D, FF), nn.Linear(FF, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = (self.q(x) @ self.k(x).transpose(-1, -2)).softmax(-1)
+        x = x + self.o(scores @ self.v(x))
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class OddBlock(SequentialBlock):
+    """Beside its attention, the block multiplies two activations: nothing says what that is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mixer(x)
+        gram = x @ x.transpose(-1, -2)  # [n, D] @ [D, n]
+        return x + self.body(x) * gram.mean()
+
+
+class Stack(nn.Module):
+    def __init__(self, block: type[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(block() for _ in range(L))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_inline_attention_is_warned_about() -> None:
+    n = 16
+    p = profile(Stack(InlineBlock), inputs=(torch.zeros(1, n, D),))
+    # everything with a weight went to attention_proj, and the profile says it could not tell
+    assert p.attention_proj == L * (4 * lin(n, D, D) + 2 * lin(n, D, FF)) and p.ffn == 0
+    assert len(p.warnings) == L
+    assert all("attention runs in the layer's own forward" in w and "pass roles=" in w for w in p.warnings)
+    assert p.warnings[0].startswith("layers.0: ")
+    named = profile(Stack(InlineBlock), inputs=(torch.zeros(1, n, D),),
+                    roles={"attention": ["layers.[0-9]"], "ffn": ["layers.*.up", "layers.*.down"]})
+    assert (named.ffn, named.warnings) == (L * 2 * lin(n, D, FF), ())
+
+
+def test_unplaced_products_are_named() -> None:
+    n = 16
+    p = profile(Stack(OddBlock), inputs=(torch.zeros(1, n, D),))
+    unplaced = [w for w in p.warnings if "could not be placed" in w]
+    assert unplaced == [api.UNPLACED_WARNING.format(module=f"layers.{i}", macs=lin(n, D, n)) for i in range(L)]
+    assert p.ffn == L * (lin(n, D, FF) + lin(n, FF, D))  # the real FFN is still found
+
+
+def test_layer_without_ffn_while_the_spec_has_one() -> None:
+    spec = ModelSpec(hidden=D, heads=H, head_dim=D // H, layers=L, ffn_dim=FF)
+    p = profile(Stack(SelfAttentionOnly), inputs=(torch.zeros(1, 16, D),), spec=spec)
+    assert sum("no FFN product" in w for w in p.warnings) == L
+    assert any(w.startswith("ffn is 0 MAC but the formula gives") for w in p.warnings)
+
+
+class SelfAttentionOnly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = SelfAttention()
+        self.norm = nn.LayerNorm(D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.attn(x))
+
+
+# --- models without attention, and configs that differ ----------------------------------------
+
+
+def test_mamba_has_neither_attention_nor_ffn() -> None:
+    from transformers import MambaConfig, MambaModel
+
+    with pytest.raises(ProfileError, match="found neither attention nor an FFN"):
+        profile(lambda: MambaModel(MambaConfig(hidden_size=32, num_hidden_layers=2, vocab_size=64, state_size=4)), 8)
+
+
+def test_swin_counts_with_a_note_instead_of_a_formula() -> None:
+    from transformers import SwinConfig, SwinModel
+
+    config = SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4)
+    p = profile(lambda: SwinModel(config))
+    # stage 1: 8x8 patches of width 16; stage 2 (after merging 2x2): 4x4 of width 32; windows of 4x4
+    proj = 4 * lin(64, 16, 16) + 4 * lin(16, 32, 32)
+    ffn = 2 * lin(64, 16, 64) + 2 * lin(16, 32, 128)
+    core = 2 * 64 * 16 * 16 + 2 * 16 * 16 * 32  # QK^T + AV within each 16-token window
+    assert (p.attention_proj, p.ffn, p.attention_core) == (proj, ffn, core)
+    assert p.spec is None and any("per-stage heads ([2, 2])" in note for note in p.notes)
+    with pytest.raises(ValueError, match="per-stage heads"):
+        spec_from_config(config)
+
+
+def test_configs_that_differ_give_a_spec_or_a_reason() -> None:
+    from transformers import BartConfig, BartModel, CLIPConfig, GPT2Config
+
+    bart, why = api.families.spec_of(BartModel(BartConfig(d_model=32, encoder_layers=1, decoder_layers=1,
+                                                          encoder_attention_heads=2, decoder_attention_heads=2,
+                                                          encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=64)))
+    assert bart is None and "encoder-decoder" in why
+    with pytest.raises(ValueError, match="two towers"):
+        spec_from_config(CLIPConfig())
+    assert spec_from_config(GPT2Config(n_embd=96, n_head=3, n_layer=5)) == ModelSpec(96, 3, 32, 5, 384)
+
+    class NanoConfig:  # a user's own config in GPT-2 style
+        n_embd, n_head, n_layer = 64, 4, 3
+
+    assert spec_from_config(NanoConfig()) == ModelSpec(64, 4, 16, 3, 256)
+
+
+@pytest.mark.parametrize("kind", ["bigbird", "funnel"])
+def test_blocked_and_pooled_attention_keep_the_inputs_n(kind: str) -> None:
+    import transformers as tf
+
+    if kind == "bigbird":
+        config = tf.BigBirdConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128,
+                                  vocab_size=100, block_size=8, num_random_blocks=1, attention_type="block_sparse")
+        factory = lambda: tf.BigBirdModel(config)  # noqa: E731
+    else:
+        config = tf.FunnelConfig(d_model=64, n_head=4, block_sizes=[1, 1], d_head=16, d_inner=128, vocab_size=100)
+        factory = lambda: tf.FunnelModel(config)  # noqa: E731
+    p = profile(factory, 64, batch=2)
+    assert (p.n, p.batch) == (64, 2)
+    # the FFN is linear in the tokens whatever the attention pattern: BigBird 2 layers of 2 x 64 tokens;
+    # Funnel 2 encoder layers (the second on pooled 2 x 32 tokens) and 2 decoder layers at full length
+    ffn = 2 * lin(128, 64, 128)
+    assert p.ffn == (2 * ffn if kind == "bigbird" else ffn + ffn // 2 + 2 * ffn)
+    if kind == "bigbird":  # block-sparse: fewer core MACs than n x n, and the profile says so
+        assert p.attention_core < 2 * formulas.attention_core(p.spec, 64, 2)
+        assert any(w.startswith("attention_core is") for w in p.warnings)
+
+
+# --- mixture of experts --------------------------------------------------------------------------
+
+
+def test_mixtral_default_experts_formula_agrees() -> None:
+    from transformers import MixtralConfig, MixtralModel
+
+    config = MixtralConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=2, num_hidden_layers=L,
+                           intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, vocab_size=100)
+    n, b = 16, 2
+    p = profile(lambda: MixtralModel(config), n, batch=b)
+    tokens = b * n
+    # tokens * top_k * 3 * D * F_expert + tokens * D * E, per layer
+    assert p.ffn == L * (tokens * 2 * 3 * D * 32 + tokens * D * 4)
+    assert p.ffn_router == L * tokens * D * 4
+    assert (p.deviation, p.warnings) == (0, ())
+    assert (p.spec.experts, p.spec.top_k, p.spec.expert_ffn_dim) == (4, 2, 32)
+    assert any("grouped_mm" in note for note in p.notes)
+    assert p.to_dict()["ffn_router"] == p.ffn_router
+
+
+def test_moe_spec_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="top_k must be in 1..experts"):
+        ModelSpec(64, 4, 16, 2, 128, experts=4, top_k=5, expert_ffn_dim=32)
+    with pytest.raises(ValueError, match="set experts= too"):
+        ModelSpec(64, 4, 16, 2, 128, top_k=2)
+    spec = ModelSpec(64, 4, 16, 4, 128, gated=True, experts=8, top_k=2, expert_ffn_dim=32, dense_layers=1)
+    # 1 dense gated layer (3*D*f) + 3 MoE layers (2 experts of 3*D*f_e + router D*E), per token
+    assert spec.model_ffn_per_token == 3 * 64 * 128 + 3 * (2 * 3 * 64 * 32 + 64 * 8)
+    assert formulas.model_costs(spec, 10).ffn == 10 * spec.model_ffn_per_token
