@@ -50,7 +50,8 @@ LENGTH_ARG = "attncost_n"
 
 _REPORT_HELP = "Print the attncost table (one row per profile) at the end of the session."
 _UNIT_HELP = "Unit of the counts in reports: mac (default) or flop (1 MAC = 2 FLOP)."
-_STRICT_HELP = "Fail a test whose profile skipped a matrix-multiplying op that fvcore cannot count."
+_STRICT_HELP = ("Fail a test whose profile skipped a matrix-multiplying op, fell back to the torch backend, "
+                "or carries a warning (a split that cannot be trusted).")
 _JSON_HELP = "Write every profile of the session to this JSON file (versioned schema)."
 _MARKDOWN_HELP = "Write the report as a Markdown table to this file."
 _SAVE_HELP = "Save every profile of the run to this JSON baseline (merged with what it holds)."
@@ -93,6 +94,7 @@ def _crosscheck(result: Profile, second: Any) -> tuple[dict[str, Any], list[str]
 
 
 STRICT_MESSAGE = "fvcore skipped {ops}: these ops multiply matrices, so the count is short (--attncost-strict)"
+WARNING_MESSAGE = "the split cannot be trusted: {warning} (--attncost-strict)"
 
 
 @dataclass(frozen=True)
@@ -509,6 +511,8 @@ def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any
             found.append(STRICT_MESSAGE.format(ops=ops))
         if settings.strict and result.fallback:
             found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
+        if settings.strict:
+            found += [WARNING_MESSAGE.format(warning=warning) for warning in result.warnings]
         second = item.stash.get(CROSSCHECK_KEY, {}).get(id(result))
         if second is not None:
             row["crosscheck"], disagreements = _crosscheck(result, second)

@@ -49,6 +49,9 @@ def _has_baseline(rows: Sequence[Row]) -> bool:
     return any("vs_baseline" in row for row in rows)
 
 
+WARNINGS_HEADER = "warnings (these numbers may be wrong; --attncost-strict fails them)"
+
+
 def _has_crosscheck(rows: Sequence[Row]) -> bool:
     return any("crosscheck" in row for row in rows)
 
@@ -62,7 +65,15 @@ def _model_cell(row: Row) -> str:
         notes.append(row["mode"])
     if row.get("causal_applied"):
         notes.append("causal half")
+    if row.get("warnings"):
+        notes.append(f"{len(row['warnings'])} warning{'s' if len(row['warnings']) > 1 else ''}")
     return f"{row['name']} ({', '.join(notes)})" if notes else row["name"]
+
+
+def warning_lines(rows: Sequence[Row]) -> list[str]:
+    """Every profile's warnings: numbers the plugin cannot stand behind, and why."""
+    return [f"{row['test_id']} [{row['name']} n={row['n']}]: {warning}"
+            for row in rows for warning in row.get("warnings") or ()]
 
 
 def _agree(row: Row) -> str:
@@ -200,6 +211,9 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
     if unsupported:
         lines += ["", "ops fvcore skipped (not in the counts; elementwise ops are expected here):",
                   *(f"  {u}" for u in unsupported)]
+    warned = warning_lines(rows)
+    if warned:
+        lines += ["", WARNINGS_HEADER + ":", *(f"  {w}" for w in warned)]
     fallbacks = [r for r in rows if r.get("fallback")]
     if fallbacks:
         lines += ["", "counted by the torch backend because fvcore could not trace:",
@@ -257,6 +271,13 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
     unsupported = unsupported_lines(rows)
     if unsupported:
         out += ["", "**Ops fvcore skipped** (not in the counts):", "", *(f"- {u}" for u in unsupported)]
+    warned = warning_lines(rows)
+    if warned:
+        out += ["", f"**{WARNINGS_HEADER[0].upper()}{WARNINGS_HEADER[1:]}:**", "", *(f"- {w}" for w in warned)]
+    fallbacks = [r for r in rows if r.get("fallback")]
+    if fallbacks:
+        out += ["", "**Counted by the torch backend** because fvcore could not trace:", "",
+                *(f"- `{r['test_id']}` {r['name']}: {r['fallback']}" for r in fallbacks)]
     failed = [r for r in rows if r.get("problems")]
     if failed:
         out += ["", "**Checks failed:**", ""]
