@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from . import decode as decode_mod
 from . import families
 from . import roles as roles_mod
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
@@ -42,7 +43,7 @@ INPUTS_HINT = families.INPUTS_HINT
 
 
 BACKENDS = ("fvcore", "torch")
-MODES = ("forward", "train")
+MODES = ("forward", "train", "decode")
 CAUSAL = ("full", "half")
 
 
@@ -54,6 +55,7 @@ class Options:
     mode: str = "forward"
     causal: str = "full"
     fallback: bool = True
+    new_tokens: int = 0  # decode mode: the step's query tokens
 
 
 class ProfileError(ValueError):
@@ -145,6 +147,7 @@ def profile(
     mode: str = "forward",
     causal: str = "full",
     fallback: bool = True,
+    new_tokens: int | None = None,
 ) -> Profile:
     """Count one forward pass of *model* and split it into attention_core, attention_proj, ffn, other.
 
@@ -168,12 +171,16 @@ def profile(
         name: the profile's name (default: the model's class name).
         backend: ``"fvcore"`` (default: jit trace) or ``"torch"`` (FlopCounterMode at the
             dispatcher, on fake tensors).
-        mode: ``"forward"``, or ``"train"``: forward plus a real backward (torch backend).
+        mode: ``"forward"``, ``"train"``: forward plus a real backward (torch backend), or
+            ``"decode"``: one step of ``new_tokens`` query tokens against a KV cache holding ``n``
+            tokens (a transformers decoder's own cache on the meta device; custom models take
+            ``inputs=`` that build their cache for n). The profile's ``n`` is the cache's length.
         causal: ``"full"`` counts the n x n product a dense kernel executes; ``"half"`` counts
             the n(n+1)/2 pairs of causal self-attention (never cross-attention or
             bidirectional models).
         fallback: when fvcore cannot trace the model, count with the torch backend (on fake
             tensors, else on real ones at small n) and say so in ``Profile.fallback``.
+        new_tokens: decode mode: the query tokens of the step (default 1).
 
     Returns:
         The :class:`Profile`.
@@ -196,18 +203,27 @@ def profile(
         raise ProfileError(f"mode= must be one of {', '.join(MODES)}, got {mode!r}")
     if causal not in CAUSAL:
         raise ProfileError(f"causal= must be one of {', '.join(CAUSAL)}, got {causal!r}")
-    options = Options(backend or "fvcore", mode, causal, bool(fallback))
+    if mode == "decode":
+        new_tokens = 1 if new_tokens is None else _positive("new_tokens", new_tokens)
+        if n is None:
+            raise ProfileError("mode='decode' needs n=: the tokens already in the KV cache")
+    elif new_tokens is not None:
+        raise ProfileError(f"new_tokens= is the query length of a decode step: pass mode='decode' (mode is {mode!r})")
+    options = Options(backend or "fvcore", mode, causal, bool(fallback), new_tokens or 0)
     target = _resolve_model(model)
     model_name = name or type(target).__name__
     spec_note = None
     if spec is None:
         spec, spec_note = families.spec_of(target)
+        if spec is not None and mode == "decode":
+            spec = decode_mod.windowed_spec(spec, target)  # what the model's cache keeps
     key = cache_key(target, n, batch, batch_given, inputs, roles, spec, model_name, options)
     cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
     if cached is not None:
         return cached
     result = _count(target, model_name, spec, spec_note, n, batch, batch_given, inputs, roles, options)
-    store(key, result)
+    if REAL_NOTE not in result.notes:  # a count on real values holds for those values only
+        store(key, result)
     return result
 
 
@@ -227,6 +243,10 @@ NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran
 UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
                         "cannot tell; counted in full")
 SPEC_NOTE = "no formula: {why}"
+REAL_NOTE = ("counted on real tensors (the torch backend's last resort): the inputs' values chose the "
+             "data-dependent branches, so this profile holds for these inputs only and is not cached")
+NOTHING_RAN = ("the forward counted 0 MAC: nothing ran on these inputs (trimmed to 0 tokens?); a profile of "
+               "nothing cannot stand for the model: check the inputs")
 
 
 def _count(
@@ -242,11 +262,25 @@ def _count(
     options: Options,
 ) -> Profile:
     real_args: tuple[tuple[Any, ...], dict[str, Any]] | None = None
-    if inputs is None:
+    decoding = options.mode == "decode"
+    if decoding:
+        try:
+            if inputs is None:
+                args, kwargs = decode_mod.decode_inputs(target, n, options.new_tokens, batch)  # type: ignore[arg-type]
+            else:
+                real_args = _user_inputs(inputs, n, batch)
+                args, kwargs = decode_mod.fresh(*real_args)  # the cache's tensors too, not only pytree leaves
+        except decode_mod.DecodeError as exc:
+            raise ProfileError(str(exc)) from exc
+    elif inputs is None:
         args, kwargs = default_inputs(target, n, batch)
     else:
         real_args = _user_inputs(inputs, n, batch)
         args, kwargs = to_meta(real_args)
+
+    def call() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The inputs for one count: a decode step appends to its cache, so each count gets a fresh one."""
+        return decode_mod.fresh(args, kwargs) if decoding else (args, kwargs)
 
     try:
         twin = meta_twin(target)
@@ -266,14 +300,18 @@ def _count(
     backend = "torch" if train else options.backend  # a backward needs the dispatcher's counter
     fallback_reason = None
     try:
-        raw = count_forward(twin, args, kwargs, buffer_masks=masks) if backend == "fvcore" else count_forward_torch(
-            twin, args, kwargs, train=train, buffer_masks=masks)
+        raw = count_forward(twin, *call(), buffer_masks=masks) if backend == "fvcore" else count_forward_torch(
+            twin, *call(), train=train, buffer_masks=masks)
     except CountError as exc:
         if backend != "fvcore" or not options.fallback:
             raise ProfileError(f"{model_name}: {exc}") from exc
         fallback_reason = str(exc).splitlines()[0]
         backend = "torch"
-        raw = _fallback(target, model_name, args, kwargs, real_args, n, exc, masks)
+        if decoding and real_args is not None:
+            real_args = decode_mod.fresh(*real_args, meta=False)  # the user's cache stays as it was
+        raw, real = _fallback(target, model_name, *call(), real_args, n, exc, masks)
+        if real:
+            notes.append(REAL_NOTE)
 
     structure = None
     try:
@@ -284,6 +322,8 @@ def _count(
             assigned = structure.roles()
     except roles_mod.RoleError as exc:
         raise ProfileError(f"{model_name}: {exc}") from exc
+    if raw.total == 0:
+        raise ProfileError(f"{model_name}: {NOTHING_RAN}")
     if not assigned:
         raise ProfileError(
             f"{model_name}: found neither attention nor an FFN (no fused attention op and no product of two "
@@ -293,7 +333,11 @@ def _count(
     if not parts.halved:
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
 
-    n, batch = _read_lengths(model_name, target, args, kwargs, inputs, n, batch, batch_given, spec, parts)
+    if decoding:
+        batch = _decode_lengths(model_name, target, args, kwargs, inputs, batch, batch_given, spec, parts,
+                                options.new_tokens)
+    else:
+        n, batch = _read_lengths(model_name, target, args, kwargs, inputs, n, batch, batch_given, spec, parts)
     memory = None
     if spec is not None and spec.cross_attention:
         memory = next((keys for queries, keys, _ in parts.lengths if keys != n), n)
@@ -319,6 +363,8 @@ def _count(
         versions=versions(),
         ffn_router=parts.ffn_router,
         notes=tuple(notes),
+        new_tokens=options.new_tokens if decoding else None,
+        kv_cache_bytes=decode_mod.cache_bytes(args, kwargs) if decoding else None,
     )
     warnings = _warnings(result, parts, structure, raw)
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
@@ -394,6 +440,31 @@ def _read_lengths(
     return measured, batch
 
 
+def _decode_lengths(
+    model_name: str, target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: Any,
+    batch: int, batch_given: bool, spec: ModelSpec | None, parts: roles_mod.Split, new_tokens: int,
+) -> int:
+    """A decode step's batch, after checking that the step ran ``new_tokens`` queries.
+
+    n is the cache's length, given (the inputs were built for it); the queries are the main
+    input's token dimension where it can be told, else the query length the layers' attention saw.
+    """
+    shape = families.token_shape(target, args, kwargs)
+    queries = shape[1] if shape is not None else _common_queries(parts)
+    if queries is not None and queries != new_tokens:
+        raise ProfileError(f"{model_name}: a decode step of new_tokens={new_tokens} was asked for, but the step ran "
+                           f"{queries} query tokens; make the inputs' new tokens match, or pass new_tokens={queries}")
+    if inputs is not None:
+        held = shape[0] if shape is not None else None
+        if held is None and spec is not None and parts.lengths and parts.lengths[0][2] % spec.heads == 0:
+            held = parts.lengths[0][2] // spec.heads
+        if held is not None:
+            if batch_given and held != batch:
+                raise ProfileError(f"{model_name}: batch={batch} was asked for, but the inputs hold a batch of {held}")
+            batch = held
+    return batch
+
+
 def _common_queries(parts: roles_mod.Split) -> int | None:
     """The query length most core groups of the layers saw (the first such on a tie)."""
     if not parts.lengths:
@@ -412,7 +483,7 @@ def _fallback(
     target: nn.Module, model_name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
     real_args: tuple[tuple[Any, ...], dict[str, Any]] | None, n: int | None, first: CountError,
     masks: Mapping[str, Any] | None = None,
-) -> RawCount:
+) -> tuple[RawCount, bool]:
     """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n.
 
     Real tensors are the user's own inputs as given (so data-dependent branches take the path
@@ -421,7 +492,7 @@ def _fallback(
     try:
         twin = meta_twin(target)
         families.prepare_twin(twin)
-        return count_forward_torch(twin, args, kwargs, buffer_masks=masks)
+        return count_forward_torch(twin, args, kwargs, buffer_masks=masks), False
     except CountError as fake_error:
         on_meta = any(t.is_meta for t in [*target.parameters(), *target.buffers()])
         lengths = [d for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) for d in t.shape[1:2]]
@@ -442,7 +513,7 @@ def _fallback(
         twin = real_twin(target)
         families.prepare_twin(twin)
         try:
-            return count_forward_torch(twin, real_call[0], real_call[1], fake=False, buffer_masks=masks)
+            return count_forward_torch(twin, real_call[0], real_call[1], fake=False, buffer_masks=masks), True
         except CountError as real_error:
             raise ProfileError(f"{model_name}: {first}\nThe fallback failed too: {real_error}") from first
 

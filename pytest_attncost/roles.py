@@ -283,14 +283,17 @@ def role_of(scope: str, roles: Mapping[str, str]) -> str | None:
 def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
     """(queries, keys, batch x heads) seen by one attention module's core ops.
 
-    The last core product's output is ``[.., n, d]`` for softmax attention (AV),
-    linear attention (Q (K^T V)) and fused attention alike; the keys are sdpa's
+    Softmax attention's scores ``[.., n, m]`` feed AV as its first operand; otherwise the last
+    core product's output is ``[.., n, d]`` (linear attention's Q (K^T V), fused attention); the keys are sdpa's
     ``k`` length, or the columns of the first product's output (QK^T: ``[.., n, m]``).
     """
     first, last = group[0], group[-1]
     if len(last.out_shape) < 2:
         return None
     queries, leading = last.out_shape[-2], math.prod(last.out_shape[:-2])
+    if not _is_fused(first) and len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,):
+        # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd")
+        queries, leading = first.out_shape[-2], math.prod(first.out_shape[:-2])
     if first.op in ATTENTION_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
         keys = first.shapes[1][-2]
     elif len(first.out_shape) >= 2:
