@@ -7,6 +7,7 @@ and suites that never use the fixture do not pay for them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -42,6 +43,8 @@ PROFILES_KEY = pytest.StashKey["list[Profile]"]()
 SWEEPS_KEY = pytest.StashKey[list["Sweep"]]()
 CROSSCHECK_KEY = pytest.StashKey[dict[int, Any]]()
 BASELINE_KEY = pytest.StashKey["Baselines"]()
+CHECKED_KEY = pytest.StashKey[list[str]]()
+PROPERTIES_KEY = pytest.StashKey[list[tuple[str, str]]]()
 CACHE_WAS_KEY = pytest.StashKey[bool]()
 
 USER_PROPERTY = "attncost"
@@ -67,7 +70,7 @@ _NO_CACHE_HELP = ("Count every profile afresh instead of reusing an identical ea
 _CACHE_INI_HELP = "Reuse the profile of an identical earlier call in the session (default true)."
 
 # Bounds, baseline regressions, cross-checks and strict mode all fail a test through this one header.
-CHECKS_FAILED = "attncost checks failed:"
+CHECKS_FAILED = "attncost checks failed"
 FALLBACK_MESSAGE = "counted by the torch backend because fvcore could not trace the model ({reason}) (--attncost-strict)"
 CROSSCHECK_MESSAGE = "backends disagree on {part}: {first} {a:,} vs {second} {b:,} MAC (formula {formula})"
 
@@ -378,9 +381,43 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return  # left unexpanded; the test reports the problem at setup
     if bounds is None or len(bounds.lengths) < 2:
         return
+    if any(LENGTH_ARG in _argnames(mark) for mark in metafunc.definition.iter_markers("parametrize")):
+        return  # the user parametrizes the lengths: setup says the two cannot both decide
     if LENGTH_ARG not in metafunc.fixturenames:
         metafunc.fixturenames.append(LENGTH_ARG)
     metafunc.parametrize(LENGTH_ARG, list(bounds.lengths), ids=[f"n={n}" for n in bounds.lengths])
+
+
+def _argnames(mark: Any) -> list[str]:
+    names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+    if isinstance(names, str):
+        return [name.strip() for name in names.split(",")]
+    return list(names)
+
+
+#: Why a list of lengths could not become one item per length, by what holds the list.
+UNEXPANDED = {
+    "parametrize": ("n={lengths} in @pytest.mark.attncost and @pytest.mark.parametrize('attncost_n', ...) both "
+                    "give the lengths; keep one of them"),
+    "unittest": ("n={lengths} cannot parametrize a unittest.TestCase method (pytest does not parametrize "
+                 "unittest tests); give one n, or write a plain test function"),
+    "late": ("n={lengths} was not expanded into one test per length: a list of lengths works on the test "
+             "function, its class or module, not on pytest.param(...) or request.applymarker(); give one n "
+             "there, or move the list to @pytest.mark.attncost on the function"),
+}
+
+
+def _unexpanded(item: pytest.Item, bounds: Bounds) -> str | None:
+    """Why a marker's list of lengths did not parametrize this item, if it did not."""
+    if len(bounds.lengths) < 2:
+        return None
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and LENGTH_ARG in callspec.params:
+        if any(LENGTH_ARG in _argnames(mark) for mark in item.iter_markers("parametrize")):
+            return UNEXPANDED["parametrize"].format(lengths=list(bounds.lengths))
+        return None
+    kind = "unittest" if getattr(item, "_testcase", None) is not None else "late"
+    return UNEXPANDED[kind].format(lengths=list(bounds.lengths))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -391,10 +428,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         bounds = _parse(item)
     except MarkerError as exc:
         problem = str(exc)
+    if problem is None and bounds is not None:
+        problem = _unexpanded(item, bounds)
     if problem is not None:  # outside the except block: no chained traceback in the report
         pytest.fail(f"{item.nodeid}: @pytest.mark.attncost: {problem}", pytrace=False)
     if bounds is not None:
         item.stash[BOUNDS_KEY] = bounds
+
+
+def _current_bounds(item: pytest.Item) -> Bounds | None:
+    """The marker as it stands now: request.applymarker() may have added one after setup."""
+    try:
+        bounds = _parse(item)
+    except MarkerError:
+        return item.stash.get(BOUNDS_KEY, None)
+    if bounds is not None:
+        item.stash[BOUNDS_KEY] = bounds
+    return bounds
 
 
 # --- fixture -----------------------------------------------------------------------------
@@ -405,10 +455,19 @@ class AttncostFixture:
 
     def __init__(self, item: pytest.Item, bounds: Bounds | None, length: int | None) -> None:
         self._item = item
-        self._bounds = bounds
-        if length is None and bounds is not None and len(bounds.lengths) == 1:
-            length = bounds.lengths[0]
-        self._n = length
+        self._length = length
+
+    @property
+    def _bounds(self) -> Bounds | None:
+        # read when used: a marker applied at run time (request.applymarker) counts too
+        return _current_bounds(self._item)
+
+    @property
+    def _n(self) -> int | None:
+        bounds = self._bounds
+        if self._length is None and bounds is not None and len(bounds.lengths) == 1:
+            return bounds.lengths[0]
+        return self._length
 
     @property
     def n(self) -> int | None:
@@ -436,9 +495,10 @@ class AttncostFixture:
         spec: Any = None,
         name: str | None = None,
         backend: str | None = None,
-        mode: str = "forward",
+        mode: str | None = None,
         causal: str = "full",
         fallback: bool = True,
+        new_tokens: int | None = None,
     ) -> Profile:
         """Like :func:`pytest_attncost.profile`, defaulting n and batch to the marker's and the backend to
         the ini's; recorded for the report (and counted by both backends when cross-checking)."""
@@ -450,8 +510,13 @@ class AttncostFixture:
             n = self._n
         if batch is None and self._bounds is not None:
             batch = self._bounds.batch
+        if mode is None:  # the marker's mode (and decode step), else a forward pass
+            mode = (self._bounds.mode if self._bounds is not None else None) or "forward"
+        if mode == "decode" and new_tokens is None and self._bounds is not None:
+            new_tokens = self._bounds.new_tokens
         settings = self._item.config.stash[SETTINGS_KEY]
-        options = dict(batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, mode=mode, causal=causal)
+        options = dict(batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, mode=mode, causal=causal,
+                       new_tokens=new_tokens)
         result = profile(model, n, backend=backend or settings.backend, fallback=fallback, **options)
         self._item.stash.setdefault(PROFILES_KEY, []).append(result)
         wanted = self._bounds.crosscheck if self._bounds is not None and self._bounds.crosscheck is not None else (
@@ -534,16 +599,43 @@ def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any
     return rows, problems
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """After the call phase: attach profiles to the report; fail a passing test that breaks its bounds."""
+class AttncostCheckError(AssertionError):
+    """Broken bounds (or baseline regressions, cross-checks, strict mode) after a test body ran.
+
+    Raised in the call phase, like an assertion in the body, so that ``xfail``, ``skip`` and
+    unittest's ``expectedFailure`` treat it as they would treat the test's own failure.
+    """
+
+
+def failure_text(problems: list[str]) -> str:
+    """The failure, first problem on the header line (pytest's short summary shows that line)."""
+    if problems == [NO_PROFILE]:
+        return f"@pytest.mark.attncost: {NO_PROFILE}"
+    headline = f"attncost: {problems[0]}"
+    if len(problems) == 1:
+        return headline
+    return "\n".join([headline, f"{CHECKS_FAILED} ({len(problems)}):", *(f"  {p}" for p in problems)])
+
+
+def _check(item: pytest.Item, body_passed: bool = True) -> list[str]:
+    """Make the item's rows (kept for the report) and return what its bounds, baseline and modes reject.
+
+    When the body did not pass (it failed, skipped or xfailed), its profiles are reported but not
+    judged: the test's own outcome stands, as it would for an assertion after the failing line.
+    """
+    if CHECKED_KEY in item.stash:
+        return item.stash[CHECKED_KEY]
     problems: list[str] = []
-    if call.when == "call" and (PROFILES_KEY in item.stash or BOUNDS_KEY in item.stash):
+    properties: list[tuple[str, str]] = []
+    bounds = _current_bounds(item)
+    if PROFILES_KEY in item.stash or bounds is not None:
         rows, problems = _rows_for(item, item.config.stash[SETTINGS_KEY])
-        for row in rows:
-            # A JSON string, so --junitxml shows JSON and xdist ships plain text.
-            item.user_properties.append((USER_PROPERTY, json.dumps(row, sort_keys=True, allow_nan=False)))
-        bounds = item.stash.get(BOUNDS_KEY, None)
+        if not body_passed:
+            problems = []
+            for row in rows:
+                row["problems"], row["verdict"] = [], "-"
+        # JSON strings, so --junitxml shows JSON and xdist ships plain text
+        properties += [(USER_PROPERTY, json.dumps(row, sort_keys=True, allow_nan=False)) for row in rows]
         sweeps = item.stash.get(SWEEPS_KEY, [])
         for made in sweeps:
             data = made.to_dict()
@@ -551,22 +643,87 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             found = check_sweep(bounds, data) if bounds is not None else []
             data["problems"] = found
             problems += found
-            item.user_properties.append((SWEEP_PROPERTY, json.dumps(data, sort_keys=True, allow_nan=False)))
-        if bounds is not None and not rows:
+            properties.append((SWEEP_PROPERTY, json.dumps(data, sort_keys=True, allow_nan=False)))
+        if not body_passed:
+            problems = []
+        elif bounds is not None and not rows:
             problems = [NO_PROFILE]
         elif bounds is not None and bounds.has_sweep_bounds and not sweeps:
             problems.append(NO_SWEEP)
+    item.stash[PROPERTIES_KEY] = properties
+    item.stash[CHECKED_KEY] = problems
+    return problems
+
+
+def _checked_unittest_method(item: pytest.Item) -> Any:
+    """unittest runs the method inside its own result logic: check there, so expectedFailure applies.
+
+    pytest hands unittest ``item.obj`` as the method to run; the checks go around it.
+    """
+    if getattr(item, "_testcase", None) is None:
+        return None
+    method = item.obj  # type: ignore[attr-defined]
+
+    @functools.wraps(method)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        value = method(*args, **kwargs)
+        problems = _check(item)
+        if problems:
+            raise AttncostCheckError(failure_text(problems))
+        return value
+
+    expecting = getattr(method, "__unittest_expecting_failure__", None)
+    if expecting is not None:
+        checked.__unittest_expecting_failure__ = expecting  # type: ignore[attr-defined]
+    item.obj = checked  # type: ignore[attr-defined]
+    return method
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """The call phase: after the body, a broken bound fails the test as an assertion in it would."""
+    __tracebackhide__ = True
+    patched = _checked_unittest_method(item)
+    try:
+        result = yield
+    except BaseException:
+        _check(item, body_passed=False)  # failed, skipped or xfailed: its rows still go to the report
+        raise
+    finally:
+        if patched is not None:
+            item.obj = patched  # type: ignore[attr-defined]
+    problems = _check(item)
+    if problems:
+        raise AttncostCheckError(failure_text(problems))
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """After the call phase: attach the profiles to the report; a failed check reads as its message."""
     report = yield
-    if problems and report.passed:
-        report.outcome = "failed"
-        if problems == [NO_PROFILE]:
-            report.longrepr = f"@pytest.mark.attncost: {NO_PROFILE}"
-        else:
-            report.longrepr = CHECKS_FAILED + "\n" + "\n".join(f"  {p}" for p in problems)
+    if call.when == "call":
+        item.user_properties.extend(item.stash.get(PROPERTIES_KEY, []))
+        report.user_properties = list(item.user_properties)
+        if report.failed and call.excinfo is not None and isinstance(call.excinfo.value, AttncostCheckError):
+            report.longrepr = str(call.excinfo.value)  # the checks' own words; no plugin frames
     return report
 
 
 # --- session -----------------------------------------------------------------------------
+
+
+def _ours(value: object) -> dict[str, Any] | None:
+    """A row or sweep this plugin recorded (a JSON object with its test id), else None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, dict) and isinstance(value.get("test_id"), str) and isinstance(value.get("name"), str):
+        return value
+    return None
 
 
 class AttncostSession:
@@ -592,10 +749,10 @@ class AttncostSession:
             return
         index = 0
         for key, value in report.user_properties:
-            if key == USER_PROPERTY:
-                self.rows[(report.nodeid, index)] = json.loads(value) if isinstance(value, str) else dict(value)  # type: ignore[call-overload]
-            elif key == SWEEP_PROPERTY:
-                self.sweeps[(report.nodeid, index)] = json.loads(value) if isinstance(value, str) else dict(value)  # type: ignore[call-overload]
+            if key in (USER_PROPERTY, SWEEP_PROPERTY):
+                data = _ours(value)
+                if data is not None:  # a user's own record_property("attncost", ...) is theirs
+                    (self.rows if key == USER_PROPERTY else self.sweeps)[(report.nodeid, index)] = data
             index += 1
 
     def final_sweeps(self) -> list[dict[str, Any]]:

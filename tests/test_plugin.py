@@ -41,7 +41,8 @@ def test_every_violation_is_listed(project):
     result = project.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "attncost checks failed:",
+        "attncost: attention_share 0.600 > 0.5 at n=512 (formula 0.600; attention overtakes FFN at n=256 = 2hd)",
+        "attncost checks failed (5):",
         "*attention_share 0.600 > 0.5 at n=512*",
         "*quadratic_share 0.400 > 0.3 at n=512 (formula 0.400; quadratic term dominates at n=768 = 6hd)*",
         "*total 337 MMAC > total_max 100 MMAC at n=512 (337,199,104 > 100,000,000 MAC; formula attention+ffn 336 MMAC)*",

@@ -1,0 +1,157 @@
+"""A broken bound takes part in pytest's outcome logic exactly as an assertion in the body would."""
+
+import json
+
+import pytest
+
+BROKEN = "@pytest.mark.attncost(n=512, attention_share_max=0.5)"  # bert_like at 512: share 0.600
+
+
+def test_xfail_and_a_broken_bound(project: pytest.Pytester) -> None:
+    project.makepyfile(f"""
+        import pytest
+        from tiny_models import bert_like
+
+        @pytest.mark.xfail(reason="attention is too expensive here")
+        {BROKEN}
+        def test_xfail(attncost):
+            attncost.profile(bert_like)
+
+        @pytest.mark.xfail(strict=True, reason="known")
+        {BROKEN}
+        def test_xfail_strict(attncost):
+            attncost.profile(bert_like)
+
+        @pytest.mark.xfail(strict=True)
+        @pytest.mark.attncost(n=512, attention_share_max=0.7)
+        def test_strict_but_within_bounds(attncost):
+            attncost.profile(bert_like)
+    """)
+    result = project.runpytest("-rxX", f"--junitxml={project.path / 'junit.xml'}")
+    result.assert_outcomes(xfailed=2, failed=1)
+    result.stdout.fnmatch_lines(["XFAIL *::test_xfail - attention is too expensive here",
+                                 "XFAIL *::test_xfail_strict - known",
+                                 ])
+    result.stdout.fnmatch_lines(["*test_strict_but_within_bounds*", "[[]XPASS(strict)[]]*"])
+    junit = (project.path / "junit.xml").read_text()
+    assert junit.count("<skipped") == 2
+
+
+def test_unittest_expected_failure_and_plain_unittest(project: pytest.Pytester) -> None:
+    project.makepyfile(f"""
+        import unittest
+        import pytest
+        from tiny_models import bert_like
+
+        class Costs(unittest.TestCase):
+            @pytest.fixture(autouse=True)
+            def _attncost(self, attncost):
+                self.attncost = attncost
+
+            @unittest.expectedFailure
+            {BROKEN}
+            def test_expected(self):
+                self.attncost.profile(bert_like)
+
+            {BROKEN}
+            def test_plain(self):
+                self.attncost.profile(bert_like)
+    """)
+    result = project.runpytest("-rxf")
+    result.assert_outcomes(xfailed=1, failed=1)
+    result.stdout.fnmatch_lines(["*attncost: attention_share 0.600 > 0.5 at n=512*"])
+    result.stdout.no_fnmatch_line("*Unexpected success*")
+
+
+def test_skip_and_xfail_after_profiling_are_not_failures_in_the_report(project: pytest.Pytester) -> None:
+    project.makepyfile(f"""
+        import pytest
+        from tiny_models import bert_like
+
+        {BROKEN}
+        def test_skips(attncost):
+            attncost.profile(bert_like)
+            pytest.skip("not on this machine")
+
+        {BROKEN}
+        def test_xfails(attncost):
+            attncost.profile(bert_like)
+            pytest.xfail("known")
+    """)
+    report = project.path / "report.json"
+    result = project.runpytest("--attncost-report", f"--attncost-json={report}")
+    result.assert_outcomes(skipped=1, xfailed=1)
+    rows = {row["test_id"].split("::")[1]: row for row in json.loads(report.read_text())["profiles"]}
+    assert {name: (row["outcome"], row["verdict"], row["problems"]) for name, row in rows.items()} == {
+        "test_skips": ("skipped", "-", []), "test_xfails": ("skipped", "-", [])}
+    result.stdout.no_fnmatch_line("*FAIL*")
+
+
+def test_a_marker_applied_at_run_time_is_checked(project: pytest.Pytester) -> None:
+    project.makepyfile("""
+        import pytest
+        from tiny_models import bert_like
+
+        def test_late(request, attncost):
+            request.applymarker(pytest.mark.attncost(n=512, attention_share_max=0.5))
+            result = attncost.profile(bert_like)
+            assert result.n == 512
+    """)
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*attncost: attention_share 0.600 > 0.5 at n=512*"])
+
+
+def test_lists_of_lengths_that_cannot_be_expanded_say_why(project: pytest.Pytester) -> None:
+    project.makepyfile("""
+        import unittest
+        import pytest
+        from tiny_models import bert_like
+
+        @pytest.mark.parametrize("size", [pytest.param(1, marks=pytest.mark.attncost(n=[16, 32]))])
+        def test_param(attncost, size):
+            attncost.profile(bert_like)
+
+        @pytest.mark.attncost(n=[16, 32])
+        @pytest.mark.parametrize("attncost_n", [8, 64])
+        def test_both(attncost):
+            attncost.profile(bert_like)
+
+        class Case(unittest.TestCase):
+            @pytest.mark.attncost(n=[16, 32])
+            def test_unittest(self):
+                pass
+
+        @pytest.mark.attncost(n=[16, 32])
+        def test_fine(attncost):
+            attncost.profile(bert_like)
+    """)
+    result = project.runpytest("-p", "no:randomly")
+    result.assert_outcomes(errors=4, passed=2)  # test_fine runs at n=16 and n=32; the session goes on
+    result.stdout.fnmatch_lines([
+        "*test_param*n=?16, 32? was not expanded into one test per length*pytest.param(...)*",
+        "*test_both*n=?16, 32? in @pytest.mark.attncost and @pytest.mark.parametrize('attncost_n', ...) both*",
+        "*test_unittest*n=?16, 32? cannot parametrize a unittest.TestCase method*",
+    ])
+
+
+def test_a_users_own_attncost_property_does_not_break_the_session(project: pytest.Pytester) -> None:
+    project.makepyfile("""
+        import pytest
+        from tiny_models import bert_like
+
+        def test_text(record_property):
+            record_property("attncost", "high")
+
+        def test_dict(record_property):
+            record_property("attncost", {"level": 3})
+
+        @pytest.mark.attncost(n=64)
+        def test_profiled(attncost):
+            attncost.profile(bert_like)
+    """)
+    report = project.path / "report.json"
+    result = project.runpytest("--attncost-report", f"--attncost-json={report}")
+    result.assert_outcomes(passed=3)
+    assert [row["test_id"] for row in json.loads(report.read_text())["profiles"]] == [
+        "test_a_users_own_attncost_property_does_not_break_the_session.py::test_profiled"]
