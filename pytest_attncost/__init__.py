@@ -14,7 +14,13 @@ from .formulas import (
     attention_core,
     attention_proj,
     crossover_n,
+    decode_costs,
+    decode_crossover_n,
+    decode_quadratic_n,
     ffn,
+    Generation,
+    generation_cost,
+    kv_cache_bytes,
     layer_costs,
     linear_attention_saving,
     model_costs,
@@ -35,8 +41,15 @@ __all__ = [
     "attention_core",
     "attention_proj",
     "crossover_n",
+    "decode_costs",
+    "decode_crossover_n",
+    "decode_quadratic_n",
+    "decode_sweep",
     "ffn",
     "format_count",
+    "Generation",
+    "generation_cost",
+    "kv_cache_bytes",
     "layer_costs",
     "linear_attention_saving",
     "model_costs",
@@ -59,6 +72,10 @@ def __getattr__(name: str) -> object:
         from .result import Profile
 
         return Profile
+    if name == "decode_sweep":
+        from .decode import decode_sweep
+
+        return decode_sweep
     if name == "Sweep":
         from .sweep import Sweep
 

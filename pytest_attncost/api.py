@@ -334,8 +334,8 @@ def _count(
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
 
     if decoding:
-        batch = _decode_lengths(model_name, target, args, kwargs, inputs, batch, batch_given, spec, parts,
-                                options.new_tokens)
+        n, batch = _decode_lengths(model_name, target, args, kwargs, inputs, n, batch, batch_given, spec, parts,
+                                   options.new_tokens)
     else:
         n, batch = _read_lengths(model_name, target, args, kwargs, inputs, n, batch, batch_given, spec, parts)
     memory = None
@@ -442,9 +442,9 @@ def _read_lengths(
 
 def _decode_lengths(
     model_name: str, target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: Any,
-    batch: int, batch_given: bool, spec: ModelSpec | None, parts: roles_mod.Split, new_tokens: int,
-) -> int:
-    """A decode step's batch, after checking that the step ran ``new_tokens`` queries.
+    n: int | None, batch: int, batch_given: bool, spec: ModelSpec | None, parts: roles_mod.Split, new_tokens: int,
+) -> tuple[int, int]:
+    """A decode step's n and batch, after checking that the step ran ``new_tokens`` queries.
 
     n is the cache's length, given (the inputs were built for it); the queries are the main
     input's token dimension where it can be told, else the query length the layers' attention saw.
@@ -462,7 +462,9 @@ def _decode_lengths(
             if batch_given and held != batch:
                 raise ProfileError(f"{model_name}: batch={batch} was asked for, but the inputs hold a batch of {held}")
             batch = held
-    return batch
+    if n is None:  # pragma: no cover - profile() refuses a decode step without n
+        raise ProfileError(f"{model_name}: mode='decode' needs n=")
+    return n, batch
 
 
 def _common_queries(parts: roles_mod.Split) -> int | None:

@@ -11,8 +11,12 @@ from typing import Any
 
 from . import formulas
 from .formulas import ModelSpec
+from .units import format_bytes
 
-__all__ = ["PRESETS", "main"]
+__all__ = ["KV_DTYPES", "PRESETS", "decode_table", "main"]
+
+#: Bytes per element of a KV cache.
+KV_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
 #: Common shapes: (hidden, heads, head_dim, layers, ffn, kv_heads, gated)
 PRESETS: dict[str, ModelSpec] = {
@@ -73,6 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="lengths (default 128, 512 and both thresholds)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    decode = parser.add_argument_group("decode (generation against a KV cache)")
+    decode.add_argument("--decode", action="store_true",
+                        help="also print the decode table: per new token, the core against a KV cache of n tokens, "
+                             "projections, FFN, attention share and the cache's bytes")
+    decode.add_argument("--sliding-window", type=_positive, metavar="W",
+                        help="sliding-window attention: the cache keeps the last W-1 tokens (decode only)")
+    decode.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="float16",
+                        help="element type of the KV cache (default float16)")
+    decode.add_argument("--prompt", type=_positive, metavar="P",
+                        help="with --new-tokens: the whole generation's cost (prefill + decode steps)")
+    decode.add_argument("--new-tokens", type=_positive, metavar="T", help="tokens generated after the prompt")
     return parser
 
 
@@ -108,7 +123,9 @@ def resolve_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> M
         moe = {"experts": experts, "top_k": top_k, "expert_ffn_dim": expert_ffn, "shared_ffn_dim": shared}
     elif args.top_k or args.expert_ffn or args.shared_ffn:
         parser.error("--top-k, --expert-ffn and --shared-ffn describe a mixture of experts: give --experts too")
-    return ModelSpec(hidden, heads, head_dim, layers, ffn, kv_heads=kv_heads, gated=gated, **moe)
+    window = getattr(args, "sliding_window", None)
+    return ModelSpec(hidden, heads, head_dim, layers, ffn, kv_heads=kv_heads, gated=gated, **moe,
+                     sliding_window=window)
 
 
 def default_lengths(spec: ModelSpec) -> list[int]:
@@ -144,6 +161,90 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
         "quadratic_n": None if quad is None else float(quad),
         "rows": rows,
     }
+
+
+def decode_lengths(spec: ModelSpec) -> list[int]:
+    """128, 512, 4096 and the cache lengths where the decode thresholds are crossed."""
+    lengths = {128, 512, 4096}
+    for value in (formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec)):
+        if value is not None:
+            lengths.add(max(1, math.ceil(value) - 1))  # the cache of the first step whose context reaches it
+    return sorted(lengths)
+
+
+def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_per_element: int = 2) -> dict[str, Any]:
+    """Per new token and layer, a one-token decode step against a cache of n tokens; the model's KV cache bytes."""
+    rows = []
+    sliding = spec.window_layers == spec.layers  # a layer's row: windowed when every layer is
+    for n in lengths:
+        core = formulas.decode_attention_core(spec, n, 1, batch, sliding=sliding)
+        proj = formulas.decode_attention_proj(spec, 1, batch)
+        ffn = formulas.decode_ffn(spec, 1, batch)
+        model = formulas.decode_costs(spec, n, 1, batch)
+        rows.append({
+            "n": n,
+            "attention_core": core,
+            "attention_proj": proj,
+            "ffn": ffn,
+            "attention": core + proj,
+            "attention_share": (core + proj) / (core + proj + ffn) if core + proj + ffn else 0.0,
+            "core_share": core / (core + proj + ffn) if core + proj + ffn else 0.0,
+            "model": model.total,
+            "kv_cache_bytes": formulas.kv_cache_bytes(spec, n, batch, bytes_per_element),
+        })
+    cross, quad = formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec)
+    attention = formulas.decode_attention_n(spec)
+    return {
+        "attention_n": None if attention is None else float(attention),
+        "batch": batch,
+        "bytes_per_element": bytes_per_element,
+        "unit": "MAC",
+        "crossover_n": None if cross is None else float(cross),
+        "quadratic_n": None if quad is None else float(quad),
+        "rows": rows,
+    }
+
+
+def render_decode(data: dict[str, Any], spec: dict[str, Any]) -> str:
+    hd = spec["heads"] * spec["head_dim"]
+    window = f", sliding window {spec['sliding_window']}" if spec.get("sliding_window") else ""
+    lines = [f"decode: one new token against a KV cache of n tokens{window}; per layer, batch {data['batch']}, "
+             f"in MAC; KV cache of the whole model at {data['bytes_per_element']} bytes per element:"]
+    headers = ["n", "core", "proj", "FFN", "SA/(SA+FFN)", "core/(SA+FFN)", "model total", "KV cache", "KV bytes"]
+    body = [[f"{r['n']:,}", f"{r['attention_core']:,}", f"{r['attention_proj']:,}", f"{r['ffn']:,}",
+             f"{r['attention_share']:.4f}", f"{r['core_share']:.4f}", f"{r['model']:,}",
+             format_bytes(r["kv_cache_bytes"]), f"{r['kv_cache_bytes']:,}"] for r in data["rows"]]
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
+    lines.append("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in body]
+    cross, quad = data["crossover_n"], data["quadratic_n"]
+    if cross is None:
+        lines.append("the core never reaches the FFN")
+    else:
+        same = " = 4D" if cross == 4 * spec["hidden"] and not spec["gated"] else ""
+        lines.append(f"the core overtakes the FFN at a context of {_tokens(cross)} tokens (F/2hd{same}; the cache "
+                     f"holds {_tokens(cross - 1)} and the new token attends to itself)")
+    if data["attention_n"] is not None:
+        lines.append(f"attention (core + projections) overtakes the FFN at a context of {_tokens(data['attention_n'])} "
+                     "tokens ((F-P)/2hd)")
+    if quad is not None:
+        lines.append(f"the core outweighs projections and FFN together at a context of {_tokens(quad)} tokens "
+                     "((P+F)/2hd)")
+    return "\n".join(lines)
+
+
+def _tokens(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
+def render_generation(spec: ModelSpec, prompt: int, new_tokens: int, batch: int) -> tuple[dict[str, Any], str]:
+    generation = formulas.generation_cost(spec, prompt, new_tokens, batch)
+    total = generation.total
+    text = (f"generation: prompt {prompt:,} + {new_tokens:,} new tokens (prefill + {generation.steps:,} decode steps), "
+            f"batch {batch}: {total.total:,} MAC (core {total.attention_core:,}, proj {total.attention_proj:,}, "
+            f"FFN {total.ffn:,}); attention share {generation.attention_share:.4f}, decode steps "
+            f"{generation.decode_share:.2%} of it")
+    return generation.to_dict(), text
 
 
 def _threshold(value: float | None, multiple: int, hd: int, what: str) -> str:
@@ -188,10 +289,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = resolve_spec(parser, args)
     lengths = args.n or default_lengths(spec)
     data = table(spec, lengths, args.batch)
+    extra: dict[str, Any] = {}
+    texts = []
+    if (args.prompt is None) != (args.new_tokens is None):
+        parser.error("--prompt and --new-tokens go together: the generation's cost needs both")
+    if args.decode or args.prompt is not None:
+        if spec.cross_attention:  # pragma: no cover - the CLI builds self-attention specs only
+            parser.error("--decode describes decoder-only models")
+        decode = decode_table(spec, args.n or decode_lengths(spec), args.batch, KV_DTYPES[args.kv_dtype])
+        extra["decode"] = {**decode, "kv_dtype": args.kv_dtype}
+        texts.append(render_decode(decode, spec.to_dict()))
+    if args.prompt is not None:
+        extra["generation"], text = render_generation(spec, args.prompt, args.new_tokens, args.batch)
+        texts.append(text)
     if args.json:
-        print(json.dumps({"name": args.preset or "custom", **data}, indent=2, sort_keys=True))
+        print(json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True))
     else:
-        print(render(data, args.preset or "custom"))
+        print("\n\n".join([render(data, args.preset or "custom"), *texts]))
     return 0
 
 

@@ -19,12 +19,23 @@ from typing import Any
 
 __all__ = [
     "Costs",
+    "Generation",
+    "cached_tokens",
     "ModelSpec",
     "attention",
     "attention_core",
     "attention_proj",
     "crossover_n",
+    "decode_attention_core",
+    "decode_attention_n",
+    "decode_attention_proj",
+    "decode_costs",
+    "decode_crossover_n",
+    "decode_ffn",
+    "decode_quadratic_n",
     "ffn",
+    "generation_cost",
+    "kv_cache_bytes",
     "layer_costs",
     "linear_attention_core",
     "linear_attention_saving",
@@ -34,6 +45,7 @@ __all__ = [
 
 
 _MOE_FIELDS = ("experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "shared_gate", "dense_layers")
+_WINDOW_FIELDS = ("sliding_window", "sliding_layers")
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,10 @@ class ModelSpec:
         shared_ffn_dim: width of the shared experts every token runs through (all of them together).
         shared_gate: the shared experts sit behind a ``[D, 1]`` gate (Qwen2-MoE).
         dense_layers: layers whose FFN is dense (width ``ffn_dim``) rather than a mixture.
+        sliding_window: the attention window ``W`` of sliding-window layers (Mistral); it only
+            changes a decode step (the KV cache keeps the last ``W - 1`` tokens); a prefill runs
+            the full ``n x n`` product under a mask (DECISIONS), so the prefill formulas ignore it.
+        sliding_layers: how many layers use the window (None: all of them).
     """
 
     hidden: int
@@ -71,6 +87,8 @@ class ModelSpec:
     shared_ffn_dim: int = 0
     shared_gate: bool = False
     dense_layers: int = 0
+    sliding_window: int | None = None
+    sliding_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("hidden", "heads", "head_dim", "layers"):
@@ -97,6 +115,18 @@ class ModelSpec:
         elif self.top_k or self.expert_ffn_dim or self.shared_ffn_dim or self.shared_gate or self.dense_layers:
             raise ValueError("ModelSpec: top_k, expert_ffn_dim, shared_ffn_dim, shared_gate and dense_layers "
                              "describe a mixture of experts; set experts= too")
+        if self.sliding_window is not None and (
+            isinstance(self.sliding_window, bool) or not isinstance(self.sliding_window, int) or self.sliding_window <= 0
+        ):
+            raise ValueError(f"ModelSpec.sliding_window must be a positive int or None, got {self.sliding_window!r}")
+        if self.sliding_layers is not None:
+            if self.sliding_window is None:
+                raise ValueError("ModelSpec.sliding_layers counts sliding-window layers: set sliding_window= too")
+            if isinstance(self.sliding_layers, bool) or not isinstance(self.sliding_layers, int) or not (
+                0 <= self.sliding_layers <= self.layers
+            ):
+                raise ValueError(f"ModelSpec.sliding_layers must be an int in 0..layers ({self.layers}), "
+                                 f"got {self.sliding_layers!r}")
 
     @property
     def g(self) -> int:
@@ -152,11 +182,21 @@ class ModelSpec:
             return self.layers * self.dense_ffn_per_token
         return self.dense_layers * self.dense_ffn_per_token + self.moe_layers * self.moe_ffn_per_token
 
+    @property
+    def window_layers(self) -> int:
+        """Layers whose KV cache keeps a sliding window (0 without a window)."""
+        if self.sliding_window is None:
+            return 0
+        return self.layers if self.sliding_layers is None else self.sliding_layers
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe builtins (the mixture-of-experts fields only when there are experts)."""
+        """JSON-safe builtins (the mixture-of-experts fields only when there are experts, the window only when set)."""
         data = dataclasses.asdict(self)
         if not self.experts:
             for name in _MOE_FIELDS:
+                del data[name]
+        for name in _WINDOW_FIELDS:  # absent unless set: specs without a window keep their old form
+            if data[name] is None:
                 del data[name]
         return data
 
@@ -330,3 +370,228 @@ def quadratic_n(spec: ModelSpec) -> Fraction | None:
     if linear <= 0:
         return None
     return Fraction(linear, 2 * spec.heads * spec.head_dim * spec.layers)
+
+
+# --- decode: one step against a KV cache ---------------------------------------------------------
+#
+# A decode step runs q = new_tokens query tokens against a cache holding n tokens (DECISIONS:
+# "Decode step"). The q new keys join the cache first, so each query meets n + q keys; the causal
+# mask among the q new tokens hides part of the q x q corner, but the kernel multiplies all of it.
+# A sliding-window layer's cache keeps the last W - 1 tokens (transformers 5.24's
+# DynamicSlidingWindowLayer), so its queries meet min(n, W - 1) + q keys.
+
+
+def _check_context(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n (tokens in the KV cache) must be an int >= 0, got {n!r}")
+
+
+def _no_cross(spec: ModelSpec) -> None:
+    if spec.cross_attention:
+        raise ValueError("the decode formulas describe decoder-only models; cross-attention reads a memory "
+                         "whose keys and values were cached at the prefill (pass a spec without cross_attention)")
+
+
+def cached_tokens(spec: ModelSpec, n: int, *, sliding: bool = False) -> int:
+    """Tokens a layer's KV cache holds after n tokens went through it: n, or ``min(n, W - 1)`` with a window."""
+    _check_context(n)
+    if sliding and spec.sliding_window is not None:
+        return min(n, spec.sliding_window - 1)
+    return n
+
+
+def decode_attention_core(spec: ModelSpec, n: int, new_tokens: int = 1, batch: int = 1, *,
+                          sliding: bool = False) -> int:
+    """One layer's QK^T and AV in a decode step: ``2·b·h·q·(n + q)·d``.
+
+    With ``sliding`` (a layer of a windowed spec) the keys are ``min(n, W - 1) + q``.
+    """
+    _no_cross(spec)
+    _check_length("new_tokens", new_tokens)
+    _check_length("batch", batch)
+    keys = cached_tokens(spec, n, sliding=sliding) + new_tokens
+    # scores: [b, h, q, d] @ [b, h, d, n + q]; output: [b, h, q, n + q] @ [b, h, n + q, d]
+    return 2 * batch * spec.heads * new_tokens * keys * spec.head_dim
+
+
+def decode_attention_proj(spec: ModelSpec, new_tokens: int = 1, batch: int = 1) -> int:
+    """One layer's Q, K, V and O projections in a decode step: ``b·q·P`` (only the new tokens are projected)."""
+    _no_cross(spec)
+    _check_length("new_tokens", new_tokens)
+    _check_length("batch", batch)
+    return batch * new_tokens * spec.proj_per_token
+
+
+def decode_ffn(spec: ModelSpec, new_tokens: int = 1, batch: int = 1) -> int:
+    """One layer's FFN in a decode step: ``b·q·F``."""
+    _check_length("new_tokens", new_tokens)
+    _check_length("batch", batch)
+    return batch * new_tokens * spec.ffn_per_token
+
+
+def decode_costs(spec: ModelSpec, n: int, new_tokens: int = 1, batch: int = 1) -> Costs:
+    """The whole model's decode step: ``new_tokens`` queries against a cache of ``n`` tokens.
+
+    Per layer ``2bq(n + q)hd`` for the core (``min(n, W - 1) + q`` keys in sliding-window
+    layers), ``bqP`` for the projections and ``bqF`` for the FFN (dense and mixture-of-experts
+    layers may mix, as in :func:`model_costs`).
+    """
+    windowed = spec.window_layers
+    core = ((spec.layers - windowed) * decode_attention_core(spec, n, new_tokens, batch)
+            + windowed * decode_attention_core(spec, n, new_tokens, batch, sliding=True))
+    return Costs(core, spec.layers * decode_attention_proj(spec, new_tokens, batch),
+                 batch * new_tokens * spec.model_ffn_per_token)
+
+
+def _decode_threshold(spec: ModelSpec, linear: int) -> Fraction | None:
+    """The context T (keys a new token attends to) where the model's core per token, ``2hd·T`` per
+    layer (``2hd·min(T, W)`` in windowed layers), reaches *linear* MACs per token."""
+    if linear <= 0:
+        return None
+    per_key = 2 * spec.heads * spec.head_dim
+    windowed = spec.window_layers
+    first = Fraction(linear, per_key * spec.layers)
+    if not windowed or first <= spec.sliding_window:  # type: ignore[operator]
+        return first
+    full = spec.layers - windowed
+    if full == 0:
+        return None  # every layer attends to at most W keys: the core stops growing below the threshold
+    return (Fraction(linear, per_key) - windowed * spec.sliding_window) / full  # type: ignore[operator]
+
+
+def decode_crossover_n(spec: ModelSpec) -> Fraction | None:
+    """The context where a decode step's attention core costs as much as its FFN: ``F / 2hd``.
+
+    Per new token and layer the core over a context of T keys is ``2·T·h·d`` and the FFN is
+    ``F``, so they meet at ``T = F / 2hd``: ``3Df / 2hd`` gated (16,512 for LLaMA-2-7B's shape),
+    ``4D`` for an ungated FFN of width ``4D`` (3,072 for BERT-base's shape). The projections
+    are left out: per token they do not grow with the context, and with them attention
+    (core + projections) meets the FFN at the prefill's :func:`crossover_n`.
+
+    T counts the keys the new token attends to, itself included: a step with ``n`` tokens in the
+    cache attends to ``n + 1``, so the first one-token step whose core reaches the FFN has
+    ``ceil(T) - 1`` cached tokens. Sliding-window layers attend to at most ``W`` keys; None when
+    the core can never reach the FFN (no FFN, or every layer windowed below the threshold).
+    """
+    _no_cross(spec)
+    return _decode_threshold(spec, spec.model_ffn_per_token)
+
+
+def decode_attention_n(spec: ModelSpec) -> Fraction | None:
+    """The context where a decode step's attention (core + projections) costs as much as its FFN: ``(F - P) / 2hd``.
+
+    Without a window this is the prefill's :func:`crossover_n` (per token, prefill and decode
+    spend the same on each part at the same context); same conventions as :func:`decode_crossover_n`.
+    """
+    _no_cross(spec)
+    return _decode_threshold(spec, spec.model_ffn_per_token - spec.layers * spec.proj_per_token)
+
+
+def decode_quadratic_n(spec: ModelSpec) -> Fraction | None:
+    """The context where a decode step's core equals its projections and FFN together: ``(P + F) / 2hd``.
+
+    From there on the step's cost is mostly the context: the step grows linearly in n, and most of it
+    is the core. Same conventions as :func:`decode_crossover_n`.
+    """
+    _no_cross(spec)
+    return _decode_threshold(spec, spec.layers * spec.proj_per_token + spec.model_ffn_per_token)
+
+
+def kv_cache_bytes(spec: ModelSpec, n: int, batch: int = 1, bytes_per_element: int = 2) -> int:
+    """Bytes of the KV cache holding n tokens: ``2 · layers · g · d · n · batch · bytes per element``.
+
+    Keys and values (the 2) for each of the ``g`` key/value heads of size ``d`` in every layer;
+    a sliding-window layer holds ``min(n, W - 1)`` tokens. LLaMA-2-7B's shape at n = 4096 in
+    float16: ``2·32·32·128·4096·2`` = 2,147,483,648 bytes (2 GiB).
+    """
+    _check_length("batch", batch)
+    _check_length("bytes_per_element", bytes_per_element)
+    windowed = spec.window_layers
+    tokens = (spec.layers - windowed) * cached_tokens(spec, n) + windowed * cached_tokens(spec, n, sliding=True)
+    return 2 * spec.g * spec.head_dim * tokens * batch * bytes_per_element
+
+
+# --- a whole generation ----------------------------------------------------------------------------
+
+
+def _sum_min(first: int, last: int, cap: int | None) -> int:
+    """``sum(min(k, cap) for k in range(first, last + 1))`` in closed form (no cap: plain k)."""
+    if last < first:
+        return 0
+    if cap is None or last <= cap:
+        return (first + last) * (last - first + 1) // 2
+    if first > cap:
+        return cap * (last - first + 1)
+    return (first + cap) * (cap - first + 1) // 2 + cap * (last - cap)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The cost of generating ``new_tokens`` tokens after a prompt: one prefill and the decode steps.
+
+    The prefill's forward yields the first new token; each of the others is one decode step of
+    one token, with the cache holding ``prompt, prompt + 1, ..., prompt + new_tokens - 2`` tokens.
+    """
+
+    prompt: int
+    new_tokens: int
+    batch: int
+    prefill: Costs
+    decode: Costs
+
+    @property
+    def steps(self) -> int:
+        """Decode steps: one per new token after the first."""
+        return self.new_tokens - 1
+
+    @property
+    def total(self) -> Costs:
+        """Prefill plus every decode step."""
+        return Costs(self.prefill.attention_core + self.decode.attention_core,
+                     self.prefill.attention_proj + self.decode.attention_proj,
+                     self.prefill.ffn + self.decode.ffn)
+
+    @property
+    def attention_share(self) -> float:
+        """attention / (attention + ffn) over the whole generation; 0.0 when both are zero."""
+        total = self.total
+        return total.attention / total.total if total.total else 0.0
+
+    @property
+    def decode_share(self) -> float:
+        """The decode steps' part of attention + ffn (the rest is the prefill)."""
+        total = self.total.total
+        return self.decode.total / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "new_tokens": self.new_tokens, "batch": self.batch, "steps": self.steps,
+                "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict(), "total": self.total.to_dict(),
+                "attention_share": self.attention_share, "decode_share": self.decode_share}
+
+
+def generation_cost(spec: ModelSpec, prompt: int, new_tokens: int, batch: int = 1, *,
+                     causal_half: bool = False) -> Generation:
+    """Prefill of ``prompt`` tokens plus ``new_tokens - 1`` one-token decode steps, in closed form.
+
+    Exactly ``model_costs(spec, prompt) + sum(decode_costs(spec, n) for n in range(prompt, prompt +
+    new_tokens - 1))``: the core of step n is ``2bhd·(n + 1)`` per layer (``2bhd·min(n + 1, W)`` in a
+    windowed layer), an arithmetic series; projections and FFN are the same every step.
+    ``causal_half`` applies to the prefill only (a decode step's core is not a triangle).
+    """
+    _no_cross(spec)
+    _check_length("prompt", prompt)
+    _check_length("new_tokens", new_tokens)
+    _check_length("batch", batch)
+    prefill = model_costs(spec, prompt, batch, causal_half=causal_half)
+    steps = new_tokens - 1
+    if steps == 0:
+        return Generation(prompt, new_tokens, batch, prefill, Costs(0, 0, 0))
+    # step n attends to n + 1 keys, n = prompt .. prompt + steps - 1
+    first, last = prompt + 1, prompt + steps
+    windowed = spec.window_layers
+    keys = ((spec.layers - windowed) * _sum_min(first, last, None)
+            + windowed * _sum_min(first, last, spec.sliding_window))
+    core = 2 * batch * spec.heads * spec.head_dim * keys
+    one = decode_costs(spec, prompt, 1, batch)
+    return Generation(prompt, new_tokens, batch, prefill,
+                      Costs(core, one.attention_proj * steps, one.ffn * steps))

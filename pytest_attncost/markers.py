@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from .formulas import relative_deviation
-from .units import UnitError, format_count, format_tokens, parse_count
+from .units import UnitError, format_bytes, format_count, format_tokens, parse_bytes, parse_count
 
 __all__ = ["Bounds", "MarkerError", "check_bounds", "parse_marker_kwargs", "MARKER_HELP"]
 
@@ -25,7 +25,9 @@ MARKER_HELP = (
     "total_max, attention_max, ffn_max (MACs, or strings such as '45 GMAC' / '90 GFLOP'), "
     "formula_rtol, linear_saving_max, max_increase (percent over the --attncost-compare baseline), "
     "crossover_min, crossover_max, crossover_rtol (checked on attncost.sweep() results), "
-    "crosscheck (count with fvcore and torch's FlopCounterMode, fail when they disagree)."
+    "crosscheck (count with fvcore and torch's FlopCounterMode, fail when they disagree), "
+    "mode ('forward', 'train' or 'decode': the fixture's default), new_tokens (a decode step's queries), "
+    "kv_cache_max (bytes of a decode step's KV cache: an int or '2 GiB', '512 MB')."
 )
 
 NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
@@ -54,13 +56,16 @@ class Bounds:
     crossover_max: float | None = None
     crossover_rtol: float | None = None
     crosscheck: bool | None = None  # count with both backends and fail when they disagree
+    mode: str | None = None  # the fixture's default mode ("decode": a step against a KV cache)
+    new_tokens: int | None = None  # the fixture's default decode step
+    kv_cache_max: int | None = None  # bytes of a decode step's KV cache
 
     @property
     def has_bounds(self) -> bool:
         return any(
             getattr(self, f.name) not in (None, False)
             for f in dataclasses.fields(self)
-            if f.name not in ("lengths", "batch")
+            if f.name not in ("lengths", "batch", "mode", "new_tokens")
         )
 
     @property
@@ -68,6 +73,7 @@ class Bounds:
         return any(v is not None for v in (self.crossover_min, self.crossover_max, self.crossover_rtol))
 
 
+MODES = ("forward", "train", "decode")  # api.MODES, without importing torch
 _SHARES = ("attention_share_max", "attention_share_min", "quadratic_share_max", "linear_saving_max")
 _COUNTS = ("total_max", "attention_max", "ffn_max")
 KEYWORDS = frozenset({"n"} | {f.name for f in dataclasses.fields(Bounds)} - {"lengths"})
@@ -153,6 +159,19 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
         values["crosscheck"] = kwargs["crosscheck"]
     if "crossover_rtol" in kwargs:
         values["crossover_rtol"] = _rtol("crossover_rtol", kwargs["crossover_rtol"])
+    if "mode" in kwargs:
+        if kwargs["mode"] not in MODES:
+            raise MarkerError(f"mode must be one of {', '.join(map(repr, MODES))}, got {kwargs['mode']!r}")
+        values["mode"] = kwargs["mode"]
+    if "new_tokens" in kwargs:
+        values["new_tokens"] = _length("new_tokens", kwargs["new_tokens"])
+        if values.get("mode") != "decode":
+            raise MarkerError("new_tokens is a decode step's query length: add mode='decode'")
+    if "kv_cache_max" in kwargs:
+        try:
+            values["kv_cache_max"] = parse_bytes(kwargs["kv_cache_max"])
+        except UnitError as exc:
+            raise MarkerError(f"kv_cache_max: {exc}") from None
     bounds = Bounds(**values)
     if bounds.crossover_min is not None and bounds.crossover_max is not None and bounds.crossover_min > bounds.crossover_max:
         raise MarkerError(f"crossover_min {bounds.crossover_min:g} > crossover_max {bounds.crossover_max:g}: no sweep can pass")
@@ -253,6 +272,16 @@ def check_bounds(bounds: Bounds, data: Mapping[str, Any], unit: str = "mac") -> 
             problems.append(
                 f"linear_attention_saving {saving:.4f} > {bounds.linear_saving_max} {where} "
                 f"(linear attention would save {saving:.2%} of attention+ffn; {crossover_note})"
+            )
+    if bounds.kv_cache_max is not None:
+        held = data.get("kv_cache_bytes")
+        if held is None:
+            problems.append(f"kv_cache_max bounds a decode step's KV cache: profile with mode='decode' {where}")
+        elif held > bounds.kv_cache_max:
+            problems.append(
+                f"kv_cache_bytes {format_bytes(held)} > kv_cache_max {format_bytes(bounds.kv_cache_max)} {where} "
+                f"({held:,} > {bounds.kv_cache_max:,} bytes; decode step of {data.get('new_tokens')} against "
+                f"{data['n']:,} cached tokens)"
             )
     if bounds.formula_rtol is not None:
         if not formula:

@@ -22,7 +22,7 @@ class Profile:
 
     Attributes:
         name: the model's name (its class, or ``name=``).
-        n: the sequence length the attention saw.
+        n: the sequence length the attention saw; in a decode step, the tokens already in the KV cache.
         batch: the batch size.
         attention_core: QK^T and AV (activation x activation products, fused attention).
         attention_proj: Q, K, V and O projections.
@@ -34,7 +34,8 @@ class Profile:
         unsupported_ops: op -> number of calls fvcore could not count.
         by_module: module name (``""`` is the root) -> MACs, fvcore's ``by_module``.
         backend: the counter that made the count, ``fvcore`` or ``torch`` (FlopCounterMode).
-        mode: ``forward``, or ``train`` (forward and backward).
+        mode: ``forward``, ``train`` (forward and backward), or ``decode`` (``new_tokens`` queries
+            against a KV cache of ``n`` tokens).
         causal: ``full`` (the n x n product a dense kernel executes) or ``half`` (n(n+1)/2 pairs).
         causal_applied: some causal self-attention was counted as a half triangle.
         fallback: why the torch backend stood in for fvcore (None when it did not).
@@ -45,6 +46,9 @@ class Profile:
             ``--attncost-strict`` fails a test whose profile has one.
         notes: what the plugin changed or could not do without doubting the count (the
             experts implementation it ran, why there is no formula).
+        new_tokens: the query tokens of a decode step (None outside decode mode).
+        kv_cache_bytes: bytes of the KV cache the decode step read (its n tokens, every layer,
+            in the cache's dtype); None outside decode mode.
     """
 
     name: str
@@ -68,6 +72,8 @@ class Profile:
     ffn_router: int = 0
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    new_tokens: int | None = None
+    kv_cache_bytes: int | None = None
 
     @property
     def attention(self) -> int:
@@ -94,6 +100,8 @@ class Profile:
         """The formulas' attention_core, attention_proj and ffn for this spec, n, batch and m."""
         if self.spec is None:
             return None
+        if self.mode == "decode":
+            return formulas.decode_costs(self.spec, self.n, self.new_tokens or 1, self.batch)
         return formulas.model_costs(self.spec, self.n, self.batch, self.m, causal_half=self.causal_applied,
                                     train=self.mode == "train")
 
@@ -113,20 +121,31 @@ class Profile:
         denominator = self.attention + self.ffn
         if denominator == 0:
             return 0.0
+        if self.mode == "decode":
+            # recurrent form: each new token updates the d x d state (K^T V) and reads it (Q S): 2hd² per layer
+            queries = self.batch * (self.new_tokens or 1)
+            linear_decode = self.spec.layers * 2 * queries * self.spec.heads * self.spec.head_dim**2
+            return min(1.0, max(0.0, (self.attention_core - linear_decode) / denominator))
         passes = 3 if self.mode == "train" else 1
         linear_core = passes * self.spec.layers * formulas.linear_attention_core(self.spec, self.n, self.batch, self.m)
         return min(1.0, max(0.0, (self.attention_core - linear_core) / denominator))
 
     @property
     def crossover_n(self) -> float | None:
-        """Where attention overtakes the FFN for this spec (see :func:`formulas.crossover_n`)."""
-        value = formulas.crossover_n(self.spec) if self.spec else None
+        """Where attention overtakes the FFN for this spec (see :func:`formulas.crossover_n`); in decode
+        mode, the context where the core alone reaches the FFN (:func:`formulas.decode_crossover_n`)."""
+        if self.spec is None:
+            return None
+        value = formulas.decode_crossover_n(self.spec) if self.mode == "decode" else formulas.crossover_n(self.spec)
         return None if value is None else float(value)
 
     @property
     def quadratic_n(self) -> float | None:
-        """Where the quadratic core overtakes the linear terms for this spec."""
-        value = formulas.quadratic_n(self.spec) if self.spec else None
+        """Where the quadratic core overtakes the linear terms for this spec (decode: the core overtakes
+        projections and FFN together, :func:`formulas.decode_quadratic_n`)."""
+        if self.spec is None:
+            return None
+        value = formulas.decode_quadratic_n(self.spec) if self.mode == "decode" else formulas.quadratic_n(self.spec)
         return None if value is None else float(value)
 
     @property
@@ -154,13 +173,14 @@ class Profile:
             mark = "  <-" if dev > rtol else ""
             rows.append(f"{part:<16}{got:>20,}{want:>20,}{dev:>10.2%}{mark}")
         if bad:
-            header = f"{self.name} at n={self.n}, batch={self.batch} deviates from the formula by more than {rtol:.2%} (MACs):"
+            step = f" (decode step of {self.new_tokens or 1})" if self.mode == "decode" else ""
+            header = f"{self.name} at n={self.n}{step}, batch={self.batch} deviates from the formula by more than {rtol:.2%} (MACs):"
             raise AssertionError("\n".join([header, *rows]))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe builtins only: the same dict feeds xdist, reports and baselines."""
         formula = self.formula
-        return {
+        data = {
             "name": self.name,
             "n": self.n,
             "batch": self.batch,
@@ -192,6 +212,10 @@ class Profile:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
         }
+        if self.mode == "decode":  # present only in decode profiles: prefill rows and baselines keep their form
+            data["new_tokens"] = self.new_tokens
+            data["kv_cache_bytes"] = self.kv_cache_bytes
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:

@@ -11,7 +11,7 @@ import math
 import re
 from fractions import Fraction
 
-__all__ = ["UnitError", "format_count", "format_tokens", "parse_count", "UNITS"]
+__all__ = ["UnitError", "format_bytes", "format_count", "format_tokens", "parse_bytes", "parse_count", "UNITS"]
 
 PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 UNITS = ("mac", "flop")
@@ -99,3 +99,55 @@ def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True
         if "e" in text:  # 999.7 rounds to "1e+03"
             text = f"{float(value):.0f}"
     return f"{text} {prefix}{label}".rstrip()
+
+
+# --- bytes (KV-cache memory) -----------------------------------------------------------------
+# Memory is quoted both ways: "2 GB" is 10**9 bytes (SI, like the counts), "2 GiB" is 2**30.
+
+BYTE_PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+                 "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+_BYTES = re.compile(
+    r"""^\s*
+    (?P<number>[0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)
+    \s*(?P<prefix>(?:[kmgt]i?)?)
+    \s*(?:b|bytes?)?
+    \s*$""",
+    re.IGNORECASE | re.VERBOSE,
+)
+
+BYTES_HELP = "an int of bytes or a string such as '2 GiB', '512 MiB' or '2 GB' (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)"
+
+
+def parse_bytes(value: object) -> int:
+    """Read a memory size into bytes: an int, or ``"2 GiB"``, ``"512MiB"``, ``"2 GB"``, ``"100 kB"``.
+
+    Raises:
+        UnitError: not a non-negative size, or a fraction of a byte.
+    """
+    if isinstance(value, bool):
+        raise UnitError(f"expected {BYTES_HELP}, got the bool {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise UnitError(f"a size cannot be negative, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise UnitError(f"expected {BYTES_HELP}, got {type(value).__name__} {value!r}")
+    match = _BYTES.match(value)
+    if match is None:
+        raise UnitError(f"cannot read {value!r} as a size: expected {BYTES_HELP}")
+    size = Fraction(match["number"].replace("_", "")) * BYTE_PREFIXES[match["prefix"].lower()]
+    if size.denominator != 1:
+        raise UnitError(f"{value!r} is not a whole number of bytes")
+    return int(size)
+
+
+def format_bytes(size: int) -> str:
+    """A size for people, in binary units (memory is allocated in them): ``2 GiB``, ``1.5 MiB``, ``512 B``."""
+    value = Fraction(size)
+    for name, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            value /= scale
+            text = str(value.numerator) if value.denominator == 1 else f"{float(value):.3g}"
+            return f"{text} {name}"
+    return f"{size} B"

@@ -14,10 +14,11 @@ TOLERANCES = ["formula_rtol", "crossover_rtol", "max_increase"]
 LENGTHS = ["n", "batch"]
 TOKENS = ["crossover_min", "crossover_max"]
 FLAGS = ["crosscheck"]
+DECODE = ["mode", "new_tokens", "kv_cache_max"]
 
 
 def test_every_keyword_is_covered():
-    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS) == KEYWORDS
+    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS + DECODE) == KEYWORDS
 
 
 BAD = [float("nan"), float("inf"), -1, True, "abc", None, [0.5]]
