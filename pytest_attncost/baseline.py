@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 from .reporting import SCHEMA, render_json
 
-__all__ = ["BaselineError", "Regression", "compare", "entry_key", "load", "merge", "MAX_BYTES"]
+__all__ = ["BaselineError", "Regression", "compare", "entry_key", "load", "merge", "save", "writable", "MAX_BYTES"]
 
 MAX_BYTES = 64 * 1024 * 1024
 PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
@@ -77,8 +79,18 @@ def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
         for name, kind in _REQUIRED.items():
             value = row.get(name)
             if not isinstance(value, kind) or isinstance(value, bool):
-                raise BaselineError(f"baseline {path}: profile #{index} has no valid {name!r}; {fix}")
-        entries[entry_key(row)] = row
+                raise BaselineError(f"baseline {path}: profile #{index} has no valid {name!r} "
+                                    f"(got {value!r}); {fix}")
+            if kind is int and value < (1 if name in ("n", "batch") else 0):
+                raise BaselineError(f"baseline {path}: profile #{index} has {name}={value}, which no count can be; {fix}")
+        for name in ("mode", "causal", "backend"):
+            if name in row and not isinstance(row[name], str):
+                raise BaselineError(f"baseline {path}: profile #{index} has {name}={row[name]!r}, not a string "
+                                    f"such as 'forward'; {fix}")
+        key = entry_key(row)
+        if key in entries:
+            raise BaselineError(f"baseline {path}: profiles #{index} and an earlier one share the key {key}; {fix}")
+        entries[key] = row
     versions = document.get("versions")
     return entries, dict(versions) if isinstance(versions, dict) else {}
 
@@ -150,3 +162,64 @@ def render_baseline(rows: Iterable[Mapping[str, Any]]) -> str:
     """The baseline document: the JSON report's schema, minus run-specific fields."""
     clean = [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
     return render_json(clean)
+
+
+def writable(path: Path) -> str | None:
+    """Why a baseline cannot be saved to *path* (through a symlink: to its target), or None."""
+    target = path.resolve() if path.is_symlink() else path
+    # no write bit for anyone: the owner's intent, which root's access would override
+    if target.exists() and (not target.stat().st_mode & 0o222 or not os.access(target, os.W_OK)):
+        return (f"baseline {path} is read-only{f' (through the link to {target})' if target != path else ''}; "
+                f"make it writable (chmod u+w {target}) or save elsewhere")
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _drop_stale_temporaries(target: Path) -> None:
+    """Temporary files of saves that were killed (SIGKILL leaves them): removed once their process is gone."""
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(\d+)\.tmp$")
+    for candidate in target.parent.glob(f".{target.name}.*.tmp"):
+        match = pattern.match(candidate.name)
+        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
+            candidate.unlink(missing_ok=True)
+
+
+def save(path: Path, rows: Iterable[Mapping[str, Any]], keep_tests: set[str] | None) -> None:
+    """Merge this run's profiles into the baseline at *path*, under a file lock, atomically.
+
+    Another process saving to the same file waits for the lock, and each merges into what the
+    other wrote, so concurrent runs lose nothing. A symlink is followed (the link stays a link),
+    a read-only file is refused, the file keeps its permissions, and temporaries left by killed
+    saves are removed.
+
+    Raises:
+        BaselineError: the file is read-only, or what it holds now cannot be read.
+    """
+    from filelock import FileLock
+
+    problem = writable(path)
+    if problem is not None:
+        raise BaselineError(problem)
+    target = path.resolve() if path.is_symlink() else path
+    with FileLock(str(target.with_name(f".{target.name}.lock"))):
+        _drop_stale_temporaries(target)
+        existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
+        mode = target.stat().st_mode & 0o7777 if target.exists() else None
+        text = render_baseline(merge(existing, rows, keep_tests))
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)

@@ -6,6 +6,7 @@ imported only here, only when a plot is asked for.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,9 +26,16 @@ def require_matplotlib() -> None:
         raise ImportError(MISSING_MATPLOTLIB) from exc
 
 
+MAX_STEM = 120  # file systems allow 255 bytes a name; leave room for the suffix
+
+
 def stem_for(test_id: str, name: str) -> str:
-    """A file-name stem from a test id and a model name."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{test_id}-{name}").strip("_")
+    """A file-name stem from a test id and a model name; a long one is cut and keeps a hash of the whole."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{test_id}-{name}").strip("_")
+    if len(stem) <= MAX_STEM:
+        return stem
+    digest = hashlib.sha1(stem.encode("utf-8")).hexdigest()[:10]
+    return f"{stem[: MAX_STEM - 11]}-{digest}"
 
 
 def _save(figure: Any, directory: Path, stem: str) -> list[Path]:

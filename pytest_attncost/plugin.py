@@ -11,7 +11,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,6 +98,8 @@ def _crosscheck(result: Profile, second: Any) -> tuple[dict[str, Any], list[str]
 
 STRICT_MESSAGE = "fvcore skipped {ops}: these ops multiply matrices, so the count is short (--attncost-strict)"
 WARNING_MESSAGE = "the split cannot be trusted: {warning} (--attncost-strict)"
+DUPLICATE_KEY = ("two profiles named {name!r} at n={n}, batch={batch} in one test: the baseline cannot tell them "
+                 "apart; give each a distinct name=, e.g. attncost.profile(model, name='{name}-small')")
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,9 @@ class Settings:
                 raise pytest.UsageError(
                     f"--attncost-plot={plot_dir}: directory {plot_dir.parent} does not exist; create it first"
                 )
+            where = plot_dir if plot_dir.exists() else plot_dir.parent
+            if not os.access(where, os.W_OK | os.X_OK):
+                raise pytest.UsageError(f"--attncost-plot={plot_dir}: directory {where} is not writable")
             from .plots import require_matplotlib
 
             try:
@@ -172,6 +177,12 @@ class Settings:
                 raise pytest.UsageError(str(exc)) from None
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
+        if save_path is not None:
+            from .baseline import writable
+
+            problem = writable(save_path)
+            if problem is not None:
+                raise pytest.UsageError(f"--attncost-save={save_path}: {problem}")
         return cls(
             report=flag("attncost_report", "attncost_report"),
             unit=unit,
@@ -566,6 +577,7 @@ def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any
     baseline = item.config.stash[BASELINE_KEY].compare
     allowed = bounds.max_increase if bounds is not None and bounds.max_increase is not None else settings.max_increase
     rows, problems = [], []
+    keys_seen: set[Any] = set()
     profiles = item.stash.get(PROFILES_KEY, [])
     for result in profiles:
         row = result.to_dict()
@@ -583,6 +595,11 @@ def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any
             row["crosscheck"], disagreements = _crosscheck(result, second)
             found += disagreements
         row["test_id"] = item.nodeid
+        if settings.save_path is not None or baseline is not None:
+            key = entry_key(row)
+            if key in keys_seen:
+                found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
+            keys_seen.add(key)
         if baseline is not None:
             entry = baseline.get(entry_key(row))
             if entry is None:
@@ -726,6 +743,11 @@ def _ours(value: object) -> dict[str, Any] | None:
     return None
 
 
+FILE_ERROR = "attncost: could not write the {what} ({path}): {reason}; the other reports were written"
+PRUNE_SKIPPED = ("attncost: --attncost-save-prune pruned nothing: {why}; entries of tests this run did not see "
+                 "were kept (prune after a complete run)")
+
+
 class AttncostSession:
     """Per-run state on the controller (or the only process): rows for reports and files."""
 
@@ -735,6 +757,41 @@ class AttncostSession:
         self.rows: dict[tuple[str, int], dict[str, Any]] = {}
         self.sweeps: dict[tuple[str, int], dict[str, Any]] = {}
         self.outcomes: dict[str, str] = {}
+        self.collected = 0
+        self.incomplete: list[str] = []  # why this run did not see the whole suite
+        self.file_errors: list[str] = []  # files that could not be written after the tests
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Collection of one file or directory: an error means part of the suite is unseen."""
+        if report.failed:
+            self.incomplete.append(f"a collection error in {report.nodeid or 'the session'}")
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """-k / -m / --lf and the like deselect tests: their entries must not be pruned."""
+        if items:
+            self.incomplete.append(f"{len(items)} test(s) deselected (-k, -m, --lf, ...)")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """After collection: how many tests this run means to run."""
+        self.collected = len(session.items)
+
+    def _prune_blocker(self, session: pytest.Session) -> str | None:
+        """Why pruning would drop entries of tests this run did not see, or None for a complete run."""
+        reasons = list(self.incomplete)
+        option = self.config.option
+        if getattr(option, "collectonly", False):
+            reasons.append("--collect-only ran no test")
+        if getattr(option, "lf", False):
+            reasons.append("--lf runs only the last failures")
+        if session.shouldstop or session.shouldfail:
+            reasons.append(f"the run stopped early ({session.shouldstop or session.shouldfail})")
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+            reasons.append("the run was interrupted")
+        ran = sum(1 for outcome in self.outcomes.values())
+        if not reasons and ran < self.collected:
+            reasons.append(f"only {ran} of {self.collected} collected tests ran")
+        return "; ".join(dict.fromkeys(reasons)) if reasons else None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each test phase, on the controller too under xdist: collect outcomes and profiles."""
@@ -775,50 +832,87 @@ class AttncostSession:
         return sorted(key for key in compared if key not in seen)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """End of the run, before the summary: save the baseline, write the report files (controller only)."""
+        """End of the run, before the summary: save the baseline, write the report files (controller only).
+
+        The baseline and the reports come first; plots and the step summary after, and a file that
+        cannot be written is reported (and fails the run) without costing the others.
+        """
         if _is_worker(self.config):
             return
         rows = self.final_rows()
         sweeps = self.final_sweeps()
         unit = self.settings.unit
-        if self.settings.plot_dir is not None and sweeps:
-            from .plots import plot_sweep, stem_for
-
-            self.settings.plot_dir.mkdir(exist_ok=True)
-            for data in sweeps:
-                paths = plot_sweep(data, self.settings.plot_dir, stem_for(data["test_id"], data["name"]), unit)
-                data["plots"] = [str(path) for path in paths]
         if self.settings.save_path is not None:
-            from .baseline import merge, render_baseline
-
-            existing = self.config.stash[BASELINE_KEY].existing or {}
-            keep = set(self.outcomes) if self.settings.save_prune else None
-            write_atomic(self.settings.save_path, render_baseline(merge(existing, rows, keep)))
+            self._save(session, rows)
         if self.settings.compare_strict and self.missing() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.settings.plot_dir is not None and sweeps:
+            self._write("plots", self.settings.plot_dir, lambda: self._plot(sweeps, unit))
         if self.settings.json_path is not None:
-            write_atomic(self.settings.json_path, render_json(rows, unit, sweeps))
+            self._write("json", self.settings.json_path,
+                        lambda: write_atomic(self.settings.json_path, render_json(rows, unit, sweeps)))  # type: ignore[arg-type]
         markdown = None
         if self.settings.markdown_path is not None:
             markdown = render_markdown(rows, unit, sweeps, self.settings.markdown_path.parent)
-            write_atomic(self.settings.markdown_path, markdown)
+            self._write("markdown", self.settings.markdown_path,
+                        lambda: write_atomic(self.settings.markdown_path, markdown))  # type: ignore[arg-type]
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary and (self.settings.report or self.settings.markdown_path is not None):
-            append_once(Path(summary), markdown or render_markdown(rows, unit, sweeps))
+            text = render_markdown(rows, unit, sweeps, link_plots=False)
+            self._write("GITHUB_STEP_SUMMARY", Path(summary), lambda: append_once(Path(summary), text))
+        if self.file_errors and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write(self, what: str, path: Path, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except OSError as exc:
+            self.file_errors.append(FILE_ERROR.format(what=what, path=path, reason=exc.strerror or exc))
+
+    def _plot(self, sweeps: list[dict[str, Any]], unit: str) -> None:
+        from .plots import plot_sweep, stem_for
+
+        assert self.settings.plot_dir is not None
+        self.settings.plot_dir.mkdir(exist_ok=True)
+        for data in sweeps:
+            paths = plot_sweep(data, self.settings.plot_dir, stem_for(data["test_id"], data["name"]), unit)
+            data["plots"] = [str(path) for path in paths]
+
+    def _save(self, session: pytest.Session, rows: list[dict[str, Any]]) -> None:
+        from .baseline import BaselineError, save
+
+        keep: set[str] | None = None
+        if self.settings.save_prune:
+            blocker = self._prune_blocker(session)
+            if blocker is None:
+                keep = set(self.outcomes)
+            else:
+                self.file_errors.append(PRUNE_SKIPPED.format(why=blocker))
+        path = self.settings.save_path
+        assert path is not None
+        try:
+            save(path, rows, keep)
+        except BaselineError as exc:
+            self.file_errors.append(f"attncost: the baseline was not saved: {exc}")
+        except OSError as exc:
+            self.file_errors.append(FILE_ERROR.format(what="baseline", path=path, reason=exc.strerror or exc))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """End of the run: baseline notes, then the table when asked for."""
         if _is_worker(self.config):
             return
         self._baseline_summary(terminalreporter)
+        unit = self.settings.unit
+        for line in self.file_errors:
+            terminalreporter.write_line(line, red=not line.startswith(PRUNE_SKIPPED[:30]))
         if not self.settings.report:
             return
-        unit = self.settings.unit
         terminalreporter.write_sep("=", f"attncost report (counts in {unit.upper()})")
         for line in render_terminal(self.final_rows(), unit, self.final_sweeps()):
             terminalreporter.write_line(line)
+        failed = " ".join(self.file_errors)
         for label, path in (("json", self.settings.json_path), ("markdown", self.settings.markdown_path)):
-            if path is not None:
+            if path is not None and str(path) not in failed:
                 terminalreporter.write_line(f"attncost {label} written to {path}")
 
     def _baseline_summary(self, terminalreporter: Any) -> None:

@@ -239,8 +239,11 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
 
 
 def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = (),
-                    base: Path | None = None) -> str:
-    """A GitHub-flavoured Markdown table, pasteable into a pull request; plots linked relative to *base*."""
+                    base: Path | None = None, link_plots: bool = True) -> str:
+    """A GitHub-flavoured Markdown table, pasteable into a pull request; plots linked relative to *base*.
+
+    ``link_plots=False`` for GitHub's step summary, which cannot show files of the runner.
+    """
     rows = sort_rows(rows)
     out = ["## attncost report", ""]
     if not rows:
@@ -262,7 +265,7 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
         out += ["", "**Sweeps** (thresholds solved exactly from the measured counts):", ""]
         for line, data in zip(sweep_lines(sweeps), sweeps):
             out.append(f"- {line}")
-            for path in data.get("plots", []):
+            for path in data.get("plots", []) if link_plots else ():
                 if path.endswith(".png"):
                     target = Path(path)
                     if base is not None:

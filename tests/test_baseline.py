@@ -99,7 +99,15 @@ def test_save_merges_and_prunes(suite):
     suite.runpytest("--attncost-save=base.json", "-k", "encoder")
     tests = sorted(r["test_id"] for r in json.loads((suite.path / "base.json").read_text())["profiles"])
     assert tests == ["test_suite.py::test_bert", "test_suite.py::test_encoder"]
-    suite.runpytest("--attncost-save=base.json", "--attncost-save-prune", "-k", "encoder")
+    # -k saw part of the suite: nothing is pruned, and the run says why
+    partial = suite.runpytest("--attncost-save=base.json", "--attncost-save-prune", "-k", "encoder")
+    partial.stdout.fnmatch_lines(["attncost: --attncost-save-prune pruned nothing: 1 test(s) deselected*"])
+    tests = sorted(r["test_id"] for r in json.loads((suite.path / "base.json").read_text())["profiles"])
+    assert tests == ["test_suite.py::test_bert", "test_suite.py::test_encoder"]
+    # a complete run of a suite without test_bert prunes its entry
+    suite.makepyfile(test_suite=SUITE.split("@pytest.mark.attncost(n=128)")[0]
+                     + "@pytest.mark.attncost(n=64)" + SUITE.split("@pytest.mark.attncost(n=64)")[1])
+    suite.runpytest("--attncost-save=base.json", "--attncost-save-prune").assert_outcomes(passed=1)
     tests = [r["test_id"] for r in json.loads((suite.path / "base.json").read_text())["profiles"]]
     assert tests == ["test_suite.py::test_encoder"]
 
