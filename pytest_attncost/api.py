@@ -58,6 +58,13 @@ class Options:
     new_tokens: int = 0  # decode mode: the step's query tokens
 
 
+#: batch x n past which torch cannot describe even the token ids (8 bytes each, under 2**63 bytes).
+LARGEST_TOKENS = 2**59
+TOO_LARGE = ("n={n}, batch={batch}: too large for torch to describe (a tensor of 2**63 bytes or more, even on the "
+             "meta device); use a smaller n, or evaluate the formulas alone: pytest_attncost.model_costs(spec, n) "
+             "or python -m pytest_attncost --n N")
+
+
 class ProfileError(ValueError):
     """profile() was called with something it cannot count; the message names the fix."""
 
@@ -193,6 +200,11 @@ def profile(
         _positive("n", n)
     batch_given = batch is not None
     batch = 1 if batch is None else _positive("batch", batch)
+    if (n or 1) * batch > LARGEST_TOKENS:
+        raise ProfileError(TOO_LARGE.format(n=n, batch=batch))
+    if roles is not None and not isinstance(roles, Mapping):
+        raise ProfileError(f"roles= must be a dict of role -> module-name globs, got {type(roles).__name__} "
+                           f"{roles!r}; e.g. roles={{'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']}}")
     if spec is not None and not isinstance(spec, ModelSpec):
         raise ProfileError(f"spec= must be a pytest_attncost.ModelSpec, got {type(spec).__name__}")
     if name is not None and not isinstance(name, str):

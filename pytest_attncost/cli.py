@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -34,24 +35,29 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 
-def _positive(text: str) -> int:
+#: Shapes past this are no model anyone runs, and their costs overflow floating-point shares.
+LARGEST = 2**48
+
+
+def _integer(text: str, least: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+    if value > LARGEST:
+        raise argparse.ArgumentTypeError(f"{len(str(value))}-digit value: sizes above 2**48 describe no model; "
+                                         "give a smaller one")
     return value
+
+
+def _positive(text: str) -> int:
+    return _integer(text, 1, "a positive integer")
 
 
 def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _integer(text, 0, "an integer >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=_positive, help="experts each token runs through (with --experts)")
     parser.add_argument("--expert-ffn", type=_positive, help="one expert's FFN width (default: --ffn)")
     parser.add_argument("--shared-ffn", type=_non_negative, help="width of the shared experts (default 0)")
-    parser.add_argument("--n", type=_positive, nargs="+", metavar="N",
-                        help="lengths (default 128, 512 and both thresholds)")
+    parser.add_argument("--n", type=_positive, nargs="+", action="extend", metavar="N",
+                        help="lengths: --n 512 1024, or --n 512 --n 1024 (default 128, 512 and both thresholds)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     decode = parser.add_argument_group("decode (generation against a KV cache)")
@@ -248,8 +254,8 @@ def render_generation(spec: ModelSpec, prompt: int, new_tokens: int, batch: int)
 
 
 def _threshold(value: float | None, multiple: int, hd: int, what: str) -> str:
-    if value is None:
-        return f"{what}: never"
+    if value is None:  # no length where the linear terms are ahead: attention leads from the first token
+        return f"{what} at every n (the FFN is no larger than the projections)"
     exact = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
     same = f" = {multiple}hd" if value == multiple * hd else ""
     return f"{what} at n = {exact}{same}"
@@ -303,9 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra["generation"], text = render_generation(spec, args.prompt, args.new_tokens, args.batch)
         texts.append(text)
     if args.json:
-        print(json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True))
+        text = json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True)
     else:
-        print("\n\n".join([render(data, args.preset or "custom"), *texts]))
+        text = "\n\n".join([render(data, args.preset or "custom"), *texts])
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # piped into head: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
