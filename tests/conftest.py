@@ -11,25 +11,33 @@ sys.path.insert(0, str(Path(__file__).parent))
 TINY_MODELS_SOURCE = (Path(__file__).parent / "tiny_models.py").read_text()
 
 
+@pytest.fixture(scope="session")
+def _counted_once() -> None:
+    """Count once before the first pytester run of a process, so every module torch imports lazily
+    while tracing is loaded outside it: pytester drops modules first imported inside a run, and
+    some of torch's (operator libraries) cannot be imported twice. A fixture, not import-time
+    work, so that collection traces nothing and processes without pytester tests skip it."""
+    import tiny_models
+
+    from pytest_attncost import clear_cache, profile
+
+    profile(tiny_models.torch_encoder(), 8)
+    profile(tiny_models.bert_like(), 8)
+    profile(tiny_models.llama_like(), 8)
+    profile(tiny_models.bert_like(), 8, backend="torch")
+    clear_cache()
+
+
+@pytest.fixture(autouse=True)
+def _count_once_before_pytester(request: pytest.FixtureRequest) -> None:
+    """Every test that runs pytester gets the warm-up first (however it asks for pytester)."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("_counted_once")
+
+
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     """A pytester project with the tiny models importable and stable output."""
     pytester.makeini("[pytest]\nconsole_output_style = classic\n")
     pytester.makepyfile(tiny_models=TINY_MODELS_SOURCE)
     return pytester
-
-
-def _warm_up() -> None:
-    """Count once before any pytester run, so every module torch imports lazily while
-    tracing is loaded here: pytester drops modules first imported inside a run, and some
-    of torch's (operator libraries) cannot be imported twice."""
-    import tiny_models
-
-    from pytest_attncost import profile
-
-    profile(tiny_models.torch_encoder(), 8)
-    profile(tiny_models.bert_like(), 8)
-    profile(tiny_models.llama_like(), 8)
-
-
-_warm_up()

@@ -17,6 +17,9 @@ here from each family's modeling file, independent of ``pytest_attncost.formulas
   ``other`` and not asserted;
 * causal and sliding-window attention count the full n x n product the dense kernel runs.
 
+Every row is also counted in full (``counting.full_trace()``), without the repeated-layer
+shortcut, and must give the same records, op for op, and the same profile.
+
 A Linear (or GPT-2's Conv1D) costs tokens * in * out MACs; biases are free.
 """
 
@@ -27,7 +30,8 @@ from typing import Any, Callable
 
 import pytest
 
-from pytest_attncost import profile
+from pytest_attncost import clear_cache, profile
+from pytest_attncost.counting import full_trace
 
 # The shape every row shares unless it says otherwise.
 V = 128  # vocabulary
@@ -35,7 +39,7 @@ D = 64  # hidden size
 H = 4  # query heads
 G = 2  # key/value heads where the family has grouped-query attention
 F = 96  # FFN width
-L = 2  # layers
+L = 3  # layers: three, so that the repeated-layer shortcut (two traced, the rest copied) runs
 N = 16  # tokens the layers see
 B = 2  # batch
 
@@ -169,11 +173,12 @@ def falcon_gqa(n: int, b: int) -> dict[str, int]:
 
 def t5(n: int, b: int, gated: bool = False) -> dict[str, int]:
     # d_kv = 24 is independent of d_model; decoder layers: self + cross (memory m = n) + FFN.
+    # Layer 0 of each stack holds the relative position bias, so layers 1.. are the ones alike.
     d_kv, m, t = 24, n, b * n
     ffn = gated_mlp(t, D, F) if gated else mlp(t, D, F)
     encoder = add(self_attention(b, m, D, H, d_kv), ffn)
     decoder = add(self_attention(b, n, D, H, d_kv), cross_attention(b, n, m, D, H, d_kv), ffn)
-    return add(times(L, encoder), times(1, decoder))
+    return add(times(L, encoder), times(3, decoder))
 
 
 def t5_gated(n: int, b: int) -> dict[str, int]:
@@ -193,13 +198,13 @@ def mixtral(n: int, b: int) -> dict[str, int]:
 
 
 def qwen2_moe(n: int, b: int) -> dict[str, int]:
-    # decoder_sparse_step = 2: layer 0 is a dense gated MLP (intermediate_size), layer 1 sparse:
-    # 4 experts of 32, top-2, a shared expert of 48 and its shared_expert_gate (hidden -> 1).
+    # decoder_sparse_step = 2: layers 0 and 2 are dense gated MLPs (intermediate_size), layer 1
+    # sparse: 4 experts of 32, top-2, a shared expert of 48 and its shared_expert_gate (hidden -> 1).
     t = b * n
     attn = self_attention(b, n, D, H, D // H, G)
     dense = gated_mlp(t, D, F)
     sparse = add(moe(t, D, 4, 2, 32), gated_mlp(t, D, 48), split(ffn=lin(t, D, 1)))
-    return add(attn, attn, dense, sparse)
+    return add(times(3, attn), dense, sparse, dense)
 
 
 def qwen3_moe(n: int, b: int) -> dict[str, int]:
@@ -211,8 +216,8 @@ def deepseek_v3(n: int, b: int) -> dict[str, int]:
     # MLA: q_a (hidden -> q_lora 48), q_b (48 -> heads * (nope 16 + rope 8)),
     # kv_a_proj_with_mqa (hidden -> kv_lora 32 + rope 8), kv_b (32 -> heads * (nope 16 + v 16)),
     # o_proj (heads * v 16 -> hidden); core: d_qk = 24, d_v = 16.
-    # first_k_dense_replace = 1: layer 0 dense gated MLP (F), layer 1 MoE: 4 routed experts of
-    # 32, top-2, router, one shared expert of 32.
+    # first_k_dense_replace = 1: layer 0 dense gated MLP (F), layers 1-3 MoE: 4 routed experts of
+    # 32, top-2, router, one shared expert of 32 (four layers: three alike, after one that differs).
     t, q_lora, kv_lora, nope, rope, v = b * n, 48, 32, 16, 8, 16
     proj = (
         lin(t, D, q_lora) + lin(t, q_lora, H * (nope + rope))
@@ -220,7 +225,7 @@ def deepseek_v3(n: int, b: int) -> dict[str, int]:
         + lin(t, H * v, D)
     )
     attn = split(core(b, H, n, n, nope + rope, v), proj)
-    return add(attn, attn, gated_mlp(t, D, F), moe(t, D, 4, 2, 32), gated_mlp(t, D, 32))
+    return add(times(4, attn), gated_mlp(t, D, F), times(3, add(moe(t, D, 4, 2, 32), gated_mlp(t, D, 32))))
 
 
 TEXT = dict(vocab_size=V)
@@ -250,7 +255,7 @@ FAMILIES = [
          bert_like),
     Case("gpt-neo", "GPTNeoConfig", "GPTNeoModel",
          dict(TEXT, hidden_size=D, num_layers=L, num_heads=H, intermediate_size=F, max_position_embeddings=64,
-              attention_types=[[["global", "local"], 1]], window_size=8),
+              attention_types=[[["global", "local"], 1], [["global"], 1]], window_size=8),
          bert_like, impls=("eager",)),
     Case("gpt-neox", "GPTNeoXConfig", "GPTNeoXModel", dict(DECODER_SHAPE, rotary_pct=0.25), bert_like),
     Case("gptj", "GPTJConfig", "GPTJModel", dict(TEXT, n_embd=D, n_layer=L, n_head=H, n_inner=F, n_positions=64,
@@ -284,9 +289,9 @@ FAMILIES = [
     Case("starcoder2", "Starcoder2Config", "Starcoder2Model", dict(GQA_SHAPE, sliding_window=8), non_gated_gqa),
     Case("olmo", "OlmoConfig", "OlmoModel", GQA_SHAPE, llama_like),
     Case("t5", "T5Config", "T5Model",
-         dict(TEXT, d_model=D, d_kv=24, d_ff=F, num_layers=L, num_decoder_layers=1, num_heads=H), t5),
+         dict(TEXT, d_model=D, d_kv=24, d_ff=F, num_layers=L, num_decoder_layers=3, num_heads=H), t5),
     Case("t5-gated", "T5Config", "T5Model",
-         dict(TEXT, d_model=D, d_kv=24, d_ff=F, num_layers=L, num_decoder_layers=1, num_heads=H,
+         dict(TEXT, d_model=D, d_kv=24, d_ff=F, num_layers=L, num_decoder_layers=3, num_heads=H,
               feed_forward_proj="gated-gelu"), t5_gated),
     Case("bart", "BartConfig", "BartModel",
          dict(TEXT, d_model=D, encoder_layers=L, decoder_layers=L, encoder_attention_heads=H,
@@ -311,7 +316,8 @@ FAMILIES = [
          dict(GQA_SHAPE, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
               decoder_sparse_step=1, mlp_only_layers=[]), qwen3_moe, extra=BATCHED_MM),
     Case("deepseek-v3", "DeepseekV3Config", "DeepseekV3Model",
-         dict(DECODER_SHAPE, num_key_value_heads=H, moe_intermediate_size=32, first_k_dense_replace=1,
+         dict(DECODER_SHAPE, num_hidden_layers=4, num_key_value_heads=H, moe_intermediate_size=32,
+              first_k_dense_replace=1,
               n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
               q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16),
          deepseek_v3, extra=BATCHED_MM),
@@ -320,9 +326,21 @@ FAMILIES = [
 CASES = [(row_id, family, kwargs) for family in FAMILIES for row_id, kwargs in family.rows()]
 
 
+def profile_checked(factory: Callable[[], Any], family: Case, **options: Any) -> Any:
+    """The profile as users get it (repeated layers copied), after checking that counting every
+    layer in full gives the same profile: the same split, by_module, unsupported ops and warnings."""
+    clear_cache()
+    short = profile(factory, family.n, batch=family.batch, **options)
+    clear_cache()  # the cache does not tell the two apart
+    with full_trace():
+        full = profile(factory, family.n, batch=family.batch, **options)
+    assert short.to_dict() == full.to_dict()
+    return short
+
+
 @pytest.mark.parametrize(("family", "kwargs"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_zoo_split_is_exact(family: Case, kwargs: dict[str, Any]) -> None:
-    p = profile(build(family.config, family.model, kwargs), family.n, batch=family.batch)
+    p = profile_checked(build(family.config, family.model, kwargs), family)
     got = {
         "attention_core": p.attention_core,
         "attention_proj": p.attention_proj,
@@ -358,13 +376,78 @@ FIRST_ROWS = [(family.rows()[0][0], family, family.rows()[0][1]) for family in F
 
 @pytest.mark.parametrize(("family", "kwargs"), [c[1:] for c in FIRST_ROWS], ids=[c[0] for c in FIRST_ROWS])
 def test_zoo_backends_agree_forward_and_train(family: Case, kwargs: dict[str, Any]) -> None:
-    """torch's FlopCounterMode (fake tensors) splits like fvcore; a training step is 3x, part by part."""
+    """torch's FlopCounterMode (fake tensors) splits like fvcore (both match the hand formula); a training
+    step is 3x, part by part."""
     factory = build(family.config, family.model, kwargs)
     parts = ("attention_core", "attention_proj", "ffn", "ffn_router")
-    fv = profile(factory, family.n, batch=family.batch)
-    th = profile(factory, family.n, batch=family.batch, backend="torch")
+    th = profile_checked(factory, family, backend="torch")
     train = profile(factory, family.n, batch=family.batch, mode="train")
     assert (th.backend, train.backend, th.fallback, train.fallback) == ("torch", "torch", None, None)
     expected = family.expected(family.n, family.batch)
     assert {p: getattr(th, p) for p in parts} == expected
     assert {p: getattr(train, p) for p in parts} == {p: 3 * v for p, v in expected.items()}
+
+
+#: Rows whose layers are not all alike, and the layers the shortcut copies (the others traced).
+COPIED = {
+    "bert-sdpa": ("encoder.layer.2",),
+    "t5-sdpa": (),  # block 0 of each stack holds the position bias: two alike after it, not three
+    "deepseek-v3-sdpa": ("layers.3",),  # layer 0 dense, 1-3 mixtures of experts
+    "qwen2-moe-sdpa": (),  # dense, sparse, dense: no three alike in a row
+    # global, local, global: they differ only in their mask buffer's values, which the meta twin does
+    # not hold and forward-mode counts do not read (causal="half" does: see the next test)
+    "gpt-neo-eager": ("h.2",),
+    "gemma2-eager": (),  # sliding and global layers alternate
+    "albert-sdpa": (),  # one layer module run three times
+}
+
+
+@pytest.mark.parametrize("row", COPIED)
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_zoo_shortcut_copies_only_layers_alike(row: str, backend: str) -> None:
+    """Op for op, the records of a count with copies are those of the full trace."""
+    from pytest_attncost import api, families
+    from pytest_attncost.counting import count_forward, count_forward_torch, meta_twin
+
+    _, family, kwargs = next(c for c in CASES if c[0] == row)
+    counts = []
+    for shortcut in (True, False):
+        with torch_meta():
+            model = build(family.config, family.model, kwargs)()
+        twin = meta_twin(model)
+        families.prepare_twin(twin)
+        args, inputs = api.default_inputs(model, family.n, family.batch)
+        count = count_forward if backend == "fvcore" else count_forward_torch
+        if shortcut:
+            counts.append(count(twin, args, inputs))
+        else:
+            with full_trace():
+                counts.append(count(twin, args, inputs))
+    short, full = counts
+    assert short.copied_layers == COPIED[row] and full.copied_layers == ()
+    assert (short.total, short.records, short.unsupported_ops, short.by_module) == (
+        full.total, full.records, full.unsupported_ops, full.by_module)
+
+
+def torch_meta() -> Any:
+    import torch
+
+    return torch.device("meta")
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_zoo_layers_with_other_mask_buffers_are_not_copied(backend: str) -> None:
+    """GPT-Neo's local layers bake a sliding window into their mask buffer: for causal="half" the
+    buffer's form is read from the original, and layers whose forms differ are not alike."""
+    from pytest_attncost import api, families
+    from pytest_attncost.counting import buffer_masks, count_forward, count_forward_torch, meta_twin
+
+    _, family, kwargs = next(c for c in CASES if c[0] == "gpt-neo-eager")
+    model = build(family.config, family.model, kwargs)()
+    masks = buffer_masks(model)
+    assert {key for key in masks if key.endswith(".bias")} == {"h.0.attn.attention.bias", "h.2.attn.attention.bias"}
+    twin = meta_twin(model)
+    families.prepare_twin(twin)
+    args, inputs = api.default_inputs(model, family.n, family.batch)
+    count = count_forward if backend == "fvcore" else count_forward_torch
+    assert count(twin, args, inputs, buffer_masks=masks).copied_layers == ()
