@@ -52,6 +52,8 @@ SWEEP_PROPERTY = "attncost_sweep"
 LENGTH_ARG = "attncost_n"
 
 _REPORT_HELP = "Print the attncost table (one row per profile) at the end of the session."
+_REPORT_FULL_HELP = ("Print the attncost table with every column and full test ids, whatever the terminal's width "
+                     "(the default table fits the terminal).")
 _UNIT_HELP = "Unit of the counts in reports: mac (default) or flop (1 MAC = 2 FLOP)."
 _STRICT_HELP = ("Fail a test whose profile skipped a matrix-multiplying op, fell back to the torch backend, "
                 "or carries a warning (a split that cannot be trusted).")
@@ -109,6 +111,7 @@ class Settings:
     report: bool = False
     unit: str = "mac"
     strict: bool = False
+    report_full: bool = False
     json_path: Path | None = None
     markdown_path: Path | None = None
     save_path: Path | None = None
@@ -183,8 +186,10 @@ class Settings:
             problem = writable(save_path)
             if problem is not None:
                 raise pytest.UsageError(f"--attncost-save={save_path}: {problem}")
+        full = bool(config.getoption("attncost_report_full"))
         return cls(
-            report=flag("attncost_report", "attncost_report"),
+            report=full or flag("attncost_report", "attncost_report"),
+            report_full=full,
             unit=unit,
             strict=flag("attncost_strict", "attncost_strict"),
             json_path=json_path,
@@ -286,6 +291,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     # default=None, not False: "not given" must be told apart so the ini twin is consulted.
     group.addoption("--attncost-report", action="store_true", default=None, help=_REPORT_HELP)
     group.addoption("--attncost-unit", metavar="UNIT", type=_unit_arg, default=None, help=_UNIT_HELP)
+    group.addoption("--attncost-report-full", action="store_true", default=False, help=_REPORT_FULL_HELP)
     group.addoption("--attncost-strict", action="store_true", default=None, help=_STRICT_HELP)
     group.addoption("--attncost-json", metavar="PATH", default=None, help=_JSON_HELP)
     group.addoption("--attncost-markdown", metavar="PATH", default=None, help=_MARKDOWN_HELP)
@@ -908,7 +914,9 @@ class AttncostSession:
         if not self.settings.report:
             return
         terminalreporter.write_sep("=", f"attncost report (counts in {unit.upper()})")
-        for line in render_terminal(self.final_rows(), unit, self.final_sweeps()):
+        width = None if self.settings.report_full else self.config.get_terminal_writer().fullwidth
+        for line in render_terminal(self.final_rows(), unit, self.final_sweeps(), width=width,
+                                    full=self.settings.report_full):
             terminalreporter.write_line(line)
         failed = " ".join(self.file_errors)
         for label, path in (("json", self.settings.json_path), ("markdown", self.settings.markdown_path)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
@@ -17,7 +18,7 @@ from typing import Any
 from .markers import threshold_notes
 from .units import format_count, format_tokens
 
-__all__ = ["SCHEMA", "render_json", "render_markdown", "render_terminal", "sort_rows", "write_atomic"]
+__all__ = ["SCHEMA", "render_json", "render_markdown", "render_terminal", "sort_rows", "table", "write_atomic"]
 
 SCHEMA = 1
 
@@ -162,15 +163,28 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def _table(headers: list[str], body: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
-    numeric = set(range(2, len(headers) - 1))
+def table(headers: Sequence[str], body: Sequence[Sequence[str]], *, right: Iterable[int] | None = None,
+          rule: bool = True) -> list[str]:
+    """Lines of a plain-text table: the one formatter of the report and the CLI.
 
-    def line(cells: list[str]) -> str:
+    Args:
+        headers: column titles.
+        body: rows of cells, already formatted.
+        right: indices of the right-aligned (numeric) columns; default: all but the first two and the last,
+            the report's layout (test and model on the left, verdict last).
+        rule: a line of dashes under the headers.
+    """
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+    numeric = set(range(2, len(headers) - 1) if right is None else right)
+
+    def line(cells: Sequence[str]) -> str:
         out = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
         return "  ".join(out).rstrip()
 
-    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in body)]
+    return [line(headers), *([line(["-" * w for w in widths])] if rule else []), *(line(r) for r in body)]
+
+
+_table = table  # the name the report's renderers used before the CLI shared it
 
 
 def sweep_lines(sweeps: Sequence[Row]) -> list[str]:
@@ -189,13 +203,99 @@ def sweep_lines(sweeps: Sequence[Row]) -> list[str]:
     return lines
 
 
-def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = ()) -> list[str]:
-    """The report as terminal lines (no section header: the caller writes it)."""
+def _short_ids(ids: Sequence[str]) -> list[str]:
+    """Test ids without the directory they all share (``examples/``)."""
+    directories = [i.split("::", 1)[0].rpartition("/")[0] for i in ids]
+    common = os.path.commonpath(directories) if all(directories) else ""
+    if not common:
+        return list(ids)
+    return [i[len(common) + 1 :] for i in ids]
+
+
+def _middle_cut(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2) :]
+
+
+def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
+    """Fit the table to *width*: shorter test ids, then fewer columns, then ids and names cut in the middle.
+
+    Columns go least essential first (other, linear saving, quadratic share, a batch of 1), then
+    the ids are cut to 32 characters, then the counts go (FFN, attention, deviation, total);
+    the test, model, n, attention share and verdict always stay.
+    """
+    def total(h: list[str], b: list[list[str]]) -> int:
+        return sum(max(len(x), *(len(r[i]) for r in b)) for i, x in enumerate(h)) + 2 * (len(h) - 1)
+
+    def drop(columns: Sequence[str]) -> None:
+        nonlocal headers, body
+        for column in columns:
+            if total(headers, body) <= width:
+                return
+            index = next((i for i, h in enumerate(headers) if h.split(" [")[0] == column), None)
+            if index is not None and not (column == "batch" and any(r[index] != "1" for r in body)):
+                headers = headers[:index] + headers[index + 1 :]
+                body = [r[:index] + r[index + 1 :] for r in body]
+
+    def cut(column: int, least: int) -> None:
+        nonlocal body
+        excess = total(headers, body) - width
+        if excess > 0:
+            longest = max(len(headers[column]), *(len(r[column]) for r in body))
+            room = max(least, len(headers[column]), longest - excess)
+            body = [[*r[:column], _middle_cut(r[column], room), *r[column + 1 :]] for r in body]
+
+    if total(headers, body) > width:
+        names = [r[0].rpartition("::")[2] for r in body]
+        files = {r[0].rpartition("::")[0] for r in body}
+        # one file, or test names that say which test they are on their own: drop the file part
+        if len(files) == 1 or len(set(names)) == len({r[0] for r in body}):
+            body = [[name, *r[1:]] for name, r in zip(names, body)]
+    drop(("other", "lin. saving", "quad share", "batch"))
+    cut(0, 32)
+    cut(1, 20)
+    drop(("FFN", "attention", "deviation", "total"))
+    cut(1, 14)
+    cut(0, 16)
+    cut(0, 8)
+    return headers, body
+
+
+def _wrap(line: str, width: int | None, indent: str = "    ") -> list[str]:
+    if width is None or len(line) <= width:
+        return [line]
+    lead = line[: len(line) - len(line.lstrip())]
+    return textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead + indent,
+                         break_on_hyphens=False) or [line]
+
+
+def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = (),
+                    width: int | None = None, full: bool = False) -> list[str]:
+    """The report as terminal lines (no section header: the caller writes it).
+
+    With a *width*, the table keeps its essential columns and shortened test ids so that every
+    line fits, and long lines wrap with indentation; ``full=True`` keeps every column.
+    """
+    lines = [wrapped for line in _render_terminal(rows, unit, sweeps, width, full) for wrapped in _wrap(line, width)]
+    return lines
+
+
+def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Row], width: int | None,
+                     full: bool) -> list[str]:
     rows = sort_rows(rows)
     if not rows:
         return ["no profiles were made in this session"]
     baseline, crosscheck = _has_baseline(rows), _has_crosscheck(rows)
-    lines = _table(_headers(unit, baseline, crosscheck), [_cells(r, unit, baseline, crosscheck) for r in rows])
+    headers = _headers(unit, baseline, crosscheck)
+    body = [_cells(r, unit, baseline, crosscheck) for r in rows]
+    if not full:
+        for row, short in zip(body, _short_ids([r["test_id"] for r in rows])):
+            row[0] = short
+        if width is not None:
+            headers, body = _fit(headers, body, width)
+    lines = _table(headers, body)
     lines.append(f"counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 1e9); "
                  "shares are of attention + FFN; deviation is the largest relative difference from the formula")
     thresholds = threshold_lines(rows)

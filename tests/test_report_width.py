@@ -1,0 +1,64 @@
+"""The default report fits the terminal; --attncost-report-full keeps everything."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_attncost.reporting import render_terminal
+
+EXAMPLES = Path(__file__).parent.parent / "examples" / "attncost-baseline.json"
+
+
+def example_rows() -> list[dict]:
+    """Every profile of the examples suite, as its committed baseline holds them."""
+    rows = json.loads(EXAMPLES.read_text())["profiles"]
+    assert len(rows) >= 30
+    return [{**row, "verdict": "ok", "vs_baseline": "="} for row in rows]
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_the_examples_report_fits(width: int) -> None:
+    lines = render_terminal(example_rows(), width=width)
+    too_wide = [line for line in lines if len(line) > width]
+    assert too_wide == []
+    header = lines[0].split()
+    # the essentials stay whatever the width
+    assert header[:3] == ["test", "model", "n"] and "share" in header and header[-1] == "verdict"
+    if width >= 200:
+        assert "deviation" in header and "total" in header and "FFN" in header  # room for the counts
+
+
+def test_full_keeps_every_column_and_id() -> None:
+    rows = example_rows()
+    lines = render_terminal(rows, full=True)
+    assert "quad share" in lines[0] and "lin. saving" in lines[0] and "other [MAC]" in lines[0]
+    assert all(row["test_id"] in "\n".join(lines) for row in rows)
+
+
+def test_pytest_terminal_width_is_used(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    project.makepyfile(**{"test_a_module_with_a_rather_long_name_for_its_tests": """
+        import pytest
+        from tiny_models import bert_like, torch_encoder
+
+        @pytest.mark.attncost(n=[16, 32], attention_share_max=0.9)
+        def test_bert_like_models_stay_below_the_bound_at_every_length(attncost):
+            attncost.profile(bert_like, name="a bert-like model with a long descriptive name")
+
+        @pytest.mark.attncost(n=16)
+        def test_encoder(attncost):
+            attncost.profile(torch_encoder)
+    """})
+    for columns in (80, 120):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        result = project.runpytest("--attncost-report")
+        result.assert_outcomes(passed=3)
+        report = result.stdout.lines[result.stdout.lines.index(next(
+            line for line in result.stdout.lines if "attncost report" in line)):]
+        assert max(len(line) for line in report) <= columns
+    full = project.runpytest("--attncost-report-full")
+    assert any("test_a_module_with_a_rather_long_name_for_its_tests.py::test_encoder" in line
+               and "quad share" not in line for line in full.stdout.lines)
+    assert any("quad share" in line for line in full.stdout.lines)
