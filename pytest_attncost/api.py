@@ -375,11 +375,23 @@ def _count(
         versions=versions(),
         ffn_router=parts.ffn_router,
         notes=tuple(notes),
+        modules=_module_rows(twin, assigned, structure),
         new_tokens=options.new_tokens if decoding else None,
         kv_cache_bytes=decode_mod.cache_bytes(args, kwargs) if decoding else None,
     )
     warnings = _warnings(result, parts, structure, raw)
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
+
+
+def _module_rows(twin: nn.Module, assigned: Mapping[str, str], structure: roles_mod.Structure | None
+                 ) -> dict[str, tuple[str, int, str]]:
+    """Every module's class, parameters and role, for Profile.table()."""
+    layers = set(structure.layers) if structure is not None else set()
+    rows = {}
+    for name, module in twin.named_modules():
+        role = "layer" if name in layers else roles_mod.role_of(name, assigned) or "other"
+        rows[name] = (type(module).__name__, sum(p.numel() for p in module.parameters()), role)
+    return rows
 
 
 def _warnings(result: Profile, parts: roles_mod.Split, structure: roles_mod.Structure | None, raw: RawCount) -> list[str]:

@@ -426,3 +426,42 @@ def append_once(path: Path, text: str) -> None:
         os.write(fd, text.encode("utf-8"))
     finally:
         os.close(fd)
+
+
+def module_rows(profile: Any, depth: int = 2) -> list[dict[str, Any]]:
+    """The rows of :meth:`Profile.table`: module, label, class, role, params, MACs and self MACs (ints)."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+    modules = profile.modules
+    containers = {name for name, (cls, _, _) in modules.items() if cls in ("ModuleList", "Sequential", "ModuleDict")}
+
+    def level(name: str) -> int:
+        parts = name.split(".") if name else []
+        return sum(1 for i in range(len(parts)) if ".".join(parts[: i + 1]) not in containers)
+
+    shown = [name for name in modules if name not in containers and level(name) <= depth]
+    rows = []
+    for name in shown:
+        macs = int(profile.by_module.get(name, 0))
+        below = [other for other in shown if other != name and (not name or other.startswith(name + "."))]
+        # the rows directly under this one: shown modules with no shown module between
+        direct = [b for b in below if not any(a != b and b.startswith(a + ".") for a in below)]
+        parts = name.split(".")
+        start = len(parts) - 1
+        while start > 0 and ".".join(parts[:start]) in containers:  # "layer.0", not "0"
+            start -= 1
+        cls, params, role = modules[name]
+        rows.append({"module": name, "label": "  " * level(name) + (".".join(parts[start:]) if name else "(model)"),
+                     "class": cls, "role": role, "params": params, "macs": macs,
+                     "self": macs - sum(int(profile.by_module.get(child, 0)) for child in direct)})
+    return rows
+
+
+def module_table(profile: Any, depth: int = 2) -> str:
+    """See :meth:`Profile.table`."""
+    body = [[r["label"], r["class"], r["role"], f"{r['params']:,}", format_count(r["macs"], "mac", suffix=False),
+             format_count(r["self"], "mac", suffix=False)] for r in module_rows(profile, depth)]
+    lines = table(["module", "class", "role", "params", "MACs", "self"], body, right=(3, 4, 5))
+    lines.append(f"{profile.name} at n={profile.n}, batch={profile.batch}: {profile.total:,} MAC; "
+                 "MACs include everything below a module, self what no row below it shows")
+    return "\n".join(lines)

@@ -74,6 +74,30 @@ class Profile:
     notes: tuple[str, ...] = ()
     new_tokens: int | None = None
     kv_cache_bytes: int | None = None
+    # module -> (class, parameters, role): for table(); not part of the dict (it can be large)
+    modules: Mapping[str, tuple[str, int, str]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        """Short enough for an assertion message: what was counted, and the split."""
+        extra = "".join(
+            f", {label}" for label, on in (
+                (self.mode, self.mode != "forward"), (self.backend, self.backend != "fvcore"),
+                ("causal half", self.causal_applied), (f"{len(self.warnings)} warnings", bool(self.warnings)))
+            if on)
+        return (f"Profile({self.name!r}, n={self.n}, batch={self.batch}, core={self.attention_core:,}, "
+                f"proj={self.attention_proj:,}, ffn={self.ffn:,}, other={self.other:,}, "
+                f"share={self.attention_share:.3f}{extra})")
+
+    def table(self, depth: int = 2) -> str:
+        """The module tree to *depth* (ModuleList/Sequential levels not counted), one row per module.
+
+        Columns: module, class, role (layer, attention, ffn or other), parameters, MACs of the
+        module and everything in it, and ``self``: the MACs no row below it shows, so that the
+        ``self`` column sums to the whole count (as fvcore's ``flop_count_table`` does per row).
+        """
+        from .reporting import module_table
+
+        return module_table(self, depth)
 
     @property
     def attention(self) -> int:

@@ -62,3 +62,25 @@ def test_pytest_terminal_width_is_used(project: pytest.Pytester, monkeypatch: py
     assert any("test_a_module_with_a_rather_long_name_for_its_tests.py::test_encoder" in line
                and "quad share" not in line for line in full.stdout.lines)
     assert any("quad share" in line for line in full.stdout.lines)
+
+
+def test_module_table_of_bert_base_at_depth_2() -> None:
+    from transformers import BertConfig, BertModel
+
+    from pytest_attncost import profile
+    from pytest_attncost.reporting import module_rows
+
+    n, hd = 512, 768
+    p = profile(lambda: BertModel(BertConfig()), n)
+    rows = module_rows(p, depth=2)
+    layers = [r for r in rows if r["class"] == "BertLayer"]
+    assert [r["label"].strip() for r in layers] == [f"layer.{i}" for i in range(12)]
+    # one layer by hand: 12 n (hd)^2 + 2 n^2 hd, plus fvcore's 5 MACs per element of its two LayerNorms
+    assert {(r["role"], r["macs"], r["self"]) for r in layers} == {
+        ("layer", 12 * n * hd**2 + 2 * n**2 * hd + 2 * 5 * n * hd, 12 * n * hd**2 + 2 * n**2 * hd + 2 * 5 * n * hd)}
+    assert sum(r["self"] for r in rows) == p.total  # every MAC shows exactly once
+    text = p.table(depth=2)
+    assert all(f"layer.{i}" in text for i in range(12)) and text.splitlines()[0].split() == [
+        "module", "class", "role", "params", "MACs", "self"]
+    assert [r["label"] for r in module_rows(p, depth=0)] == ["(model)"]
+    assert len(repr(p)) < 160 and repr(p).startswith("Profile('BertModel', n=512, batch=1, core=")
