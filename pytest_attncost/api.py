@@ -6,8 +6,10 @@ wrapper that adds the marker's defaults and records the result for the report.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -56,6 +58,25 @@ class Options:
     causal: str = "full"
     fallback: bool = True
     new_tokens: int = 0  # decode mode: the step's query tokens
+
+
+#: torch loggers that report, at ERROR level, what the counters try and then handle themselves.
+_TORCH_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes", "torch._dynamo")
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """A failed meta kernel under fake tensors is logged with its traceback (hundreds of lines), then
+    raised, and the plugin reports it in its own words: keep the log out of the user's output."""
+    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 #: batch x n past which torch cannot describe even the token ids (8 bytes each, under 2**63 bytes).
@@ -233,7 +254,8 @@ def profile(
     cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
     if cached is not None:
         return cached
-    result = _count(target, model_name, spec, spec_note, n, batch, batch_given, inputs, roles, options)
+    with _quiet_torch_logs():
+        result = _count(target, model_name, spec, spec_note, n, batch, batch_given, inputs, roles, options)
     if REAL_NOTE not in result.notes:  # a count on real values holds for those values only
         store(key, result)
     return result

@@ -155,3 +155,34 @@ def test_a_users_own_attncost_property_does_not_break_the_session(project: pytes
     result.assert_outcomes(passed=3)
     assert [row["test_id"] for row in json.loads(report.read_text())["profiles"]] == [
         "test_a_users_own_attncost_property_does_not_break_the_session.py::test_profiled"]
+
+
+def test_a_failing_profile_prints_no_plugin_frames_and_no_torch_logs(project: pytest.Pytester) -> None:
+    project.makepyfile("""
+        import pytest
+        import torch
+        from torch import nn
+
+        class Branchy(nn.Module):  # data-dependent: fvcore and fake tensors fail, real tensors count
+            def __init__(self):
+                super().__init__()
+                self.attn = nn.MultiheadAttention(32, 2, batch_first=True)
+                self.mlp = nn.Sequential(nn.Linear(32, 128), nn.Linear(128, 32))
+
+            def forward(self, x):
+                h = x + self.attn(x, x, x, need_weights=False)[0]
+                if x.sum() > 0:
+                    h = h + self.mlp(h)
+                return h
+
+        @pytest.mark.attncost(n=16, attention_share_max=0.1)
+        def test_branchy(attncost):
+            attncost.profile(Branchy(), inputs=(torch.ones(1, 16, 32),))
+    """)
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["attncost: attention_share * > 0.1 at n=16*", "FAILED *test_branchy*"])
+    assert "fake_tensor" not in output and "Traceback" not in output
+    assert "pytest_attncost" not in output.replace("plugins: attncost", "")
+    assert len(output.splitlines()) < 40
