@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .markers import threshold_notes
-from .units import format_count, format_tokens
+from .units import format_bytes, format_count, format_tokens
 
 __all__ = ["SCHEMA", "render_json", "render_markdown", "render_terminal", "sort_rows", "table", "write_atomic"]
 
@@ -62,13 +62,22 @@ def _model_cell(row: Row) -> str:
     notes = []
     if row.get("backend", "fvcore") != "fvcore":
         notes.append(row["backend"] + (" fallback" if row.get("fallback") else ""))
-    if row.get("mode", "forward") != "forward":
+    if row.get("mode") == "decode":
+        notes.append(f"decode +{row.get('new_tokens') or 1}")  # n is then the tokens in the KV cache
+    elif row.get("mode", "forward") != "forward":
         notes.append(row["mode"])
     if row.get("causal_applied"):
         notes.append("causal half")
     if row.get("warnings"):
         notes.append(f"{len(row['warnings'])} warning{'s' if len(row['warnings']) > 1 else ''}")
     return f"{row['name']} ({', '.join(notes)})" if notes else row["name"]
+
+
+def kv_cache_lines(rows: Sequence[Row]) -> list[str]:
+    """The KV cache each decode step read: its n tokens, every layer, K and V."""
+    return [f"{row['test_id']} [{row['name']} n={row['n']}]: {format_bytes(int(row['kv_cache_bytes']))} "
+            f"({int(row['kv_cache_bytes']):,} bytes) for {row['n']:,} cached tokens, batch {row['batch']}"
+            for row in rows if row.get("kv_cache_bytes")]
 
 
 def warning_lines(rows: Sequence[Row]) -> list[str]:
@@ -311,6 +320,9 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Row], widt
     if unsupported:
         lines += ["", "ops fvcore skipped (not in the counts; elementwise ops are expected here):",
                   *(f"  {u}" for u in unsupported)]
+    cached = kv_cache_lines(rows)
+    if cached:
+        lines += ["", "KV cache of the decode steps (n = tokens already in the cache):", *(f"  {c}" for c in cached)]
     warned = warning_lines(rows)
     if warned:
         lines += ["", WARNINGS_HEADER + ":", *(f"  {w}" for w in warned)]
@@ -374,6 +386,9 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
     unsupported = unsupported_lines(rows)
     if unsupported:
         out += ["", "**Ops fvcore skipped** (not in the counts):", "", *(f"- {u}" for u in unsupported)]
+    cached = kv_cache_lines(rows)
+    if cached:
+        out += ["", "**KV cache of the decode steps** (n = tokens already in the cache):", "", *(f"- {c}" for c in cached)]
     warned = warning_lines(rows)
     if warned:
         out += ["", f"**{WARNINGS_HEADER[0].upper()}{WARNINGS_HEADER[1:]}:**", "", *(f"- {w}" for w in warned)]

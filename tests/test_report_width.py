@@ -84,3 +84,23 @@ def test_module_table_of_bert_base_at_depth_2() -> None:
         "module", "class", "role", "params", "MACs", "self"]
     assert [r["label"] for r in module_rows(p, depth=0)] == ["(model)"]
     assert len(repr(p)) < 160 and repr(p).startswith("Profile('BertModel', n=512, batch=1, core=")
+
+
+def test_decode_rows_say_so_and_show_their_kv_cache(project: pytest.Pytester,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
+    project.makepyfile("""
+        import pytest
+        from tiny_models import llama_like
+
+        @pytest.mark.attncost(n=64, mode="decode", new_tokens=2)
+        def test_step(attncost):
+            attncost.profile(llama_like)
+    """)
+    result = project.runpytest("--attncost-report", "--attncost-markdown=r.md")
+    result.assert_outcomes(passed=1)
+    # 2 (K, V) x 2 layers x 2 kv heads x 64 head size x 64 cached tokens x 4 bytes (float32)
+    kv = 2 * 2 * 2 * 64 * 64 * 4
+    result.stdout.fnmatch_lines(["*LlamaModel (decode +2)*", "KV cache of the decode steps*",
+                                 f"*test_step ?LlamaModel n=64?: 128 KiB ({kv:,} bytes) for 64 cached tokens, batch 1"])
+    assert f"({kv:,} bytes)" in (project.path / "r.md").read_text()
