@@ -102,5 +102,5 @@ def test_decode_rows_say_so_and_show_their_kv_cache(project: pytest.Pytester,
     # 2 (K, V) x 2 layers x 2 kv heads x 64 head size x 64 cached tokens x 4 bytes (float32)
     kv = 2 * 2 * 2 * 64 * 64 * 4
     result.stdout.fnmatch_lines(["*LlamaModel (decode +2)*", "KV cache of the decode steps*",
-                                 f"*test_step ?LlamaModel n=64?: 128 KiB ({kv:,} bytes) for 64 cached tokens, batch 1"])
+                                 f"*test_step ?LlamaModel n=64?: 128 KiB ({kv:,} bytes) for 64 cached*"])
     assert f"({kv:,} bytes)" in (project.path / "r.md").read_text()
