@@ -1,8 +1,9 @@
 """pytest-attncost: attention-cost budgets for Transformer models, as pytest tests.
 
 Counts multiply-accumulates (MACs) with fvcore and splits them the way the
-Transformer cost analysis does: attention core (``2n²hd``), attention
-projections (``4n(hd)²``) and FFN (``8n(hd)²``).
+Transformer cost analysis of Su Jianlin, "Linear attention is probably not the
+model you are waiting for" (PaperWeekly / kexue.fm, 2021) does: attention core
+(``2n²hd``), attention projections (``4n(hd)²``) and FFN (``8n(hd)²``).
 """
 
 from __future__ import annotations

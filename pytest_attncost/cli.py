@@ -1,20 +1,39 @@
-"""``python -m pytest_attncost``: the article's table for any shape, no model needed."""
+"""``python -m pytest_attncost``: the article's cost table for any shape, and two subcommands.
+
+* ``python -m pytest_attncost --preset bert-base``: per-layer costs by the formulas of Su Jianlin,
+  "Linear attention is probably not the model you are waiting for" (PaperWeekly / kexue.fm, 2021);
+  no model needed.
+* ``python -m pytest_attncost compare A.json B.json``: part-by-part differences of two JSON reports
+  or baselines; exit 1 when a part grew beyond ``--max-increase``.
+* ``python -m pytest_attncost profile MODULE:FACTORY --n 512 2048``: count a model of your own.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
+import importlib.util
 import json
 import math
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
 
-from . import formulas
+from . import formulas, reporting
 from .formulas import ModelSpec
 from .units import format_bytes
 
-__all__ = ["KV_DTYPES", "PRESETS", "decode_table", "main"]
+__all__ = ["ARTICLE", "KV_DTYPES", "PRESETS", "SUBCOMMANDS", "compare_files", "decode_table", "load_factory", "main"]
+
+#: The article whose cost model the formulas restate.
+ARTICLE = ('Su Jianlin, "Linear attention is probably not the model you are waiting for" '
+           "(PaperWeekly / kexue.fm, 2021)")
+
+#: The subcommands, dispatched on the first argument; anything else is the formula table.
+SUBCOMMANDS = ("compare", "profile")
 
 #: Bytes per element of a KV cache.
 KV_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
@@ -63,9 +82,14 @@ def _non_negative(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pytest_attncost",
-        description="Per-layer Transformer costs (MACs) by the article's formulas: attention core 2n²hd, "
-        "projections 4n(hd)², FFN 8n(hd)², generalised to GQA and gated FFNs.",
+        description=f"Per-layer Transformer costs (MACs) by the formulas of {ARTICLE}: attention core 2n²hd, "
+        "projections 4n(hd)², FFN 8n(hd)², generalised to GQA, gated FFNs and mixtures of experts. "
+        "The subcommands compare two JSON reports and profile a model of your own.",
     )
+    commands = parser.add_subparsers(title="subcommands (first argument)", dest="command",
+                                     metavar="{compare,profile}")
+    _compare_arguments(commands.add_parser("compare", help=_COMPARE_HELP, description=_COMPARE_HELP))
+    _profile_arguments(commands.add_parser("profile", help=_PROFILE_HELP, description=_PROFILE_HELP))
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a common shape (other options override it)")
     parser.add_argument("--hidden", type=_positive, help="hidden size D")
     parser.add_argument("--heads", type=_positive, help="query heads h")
@@ -220,9 +244,7 @@ def render_decode(data: dict[str, Any], spec: dict[str, Any]) -> str:
     body = [[f"{r['n']:,}", f"{r['attention_core']:,}", f"{r['attention_proj']:,}", f"{r['ffn']:,}",
              f"{r['attention_share']:.4f}", f"{r['core_share']:.4f}", f"{r['model']:,}",
              format_bytes(r["kv_cache_bytes"]), f"{r['kv_cache_bytes']:,}"] for r in data["rows"]]
-    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
-    lines.append("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in body]
+    lines += reporting.table(headers, body, right=range(len(headers)), rule=False)
     cross, quad = data["crossover_n"], data["quadratic_n"]
     if cross is None:
         lines.append("the core never reaches the FFN")
@@ -281,17 +303,276 @@ def render(data: dict[str, Any], name: str) -> str:
     body = [[f"{r['n']:,}", f"{r['attention']:,}", f"{r['ffn']:,}", f"{r['attention_core']:,}",
              f"{r['attention_proj']:,}", f"{r['attention_share']:.4f}", f"{r['quadratic_share']:.4f}",
              f"{r['linear_attention_saving']:.2%}", f"{r['model']:,}"] for r in data["rows"]]
-    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
-    lines.append("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in body]
+    lines += reporting.table(headers, body, right=range(len(headers)), rule=False)
     lines.append(_threshold(data["crossover_n"], 2, hd, "attention overtakes the FFN"))
     lines.append(_threshold(data["quadratic_n"], 6, hd, "the quadratic term dominates the layer"))
     return "\n".join(lines)
 
 
+# --- compare: two JSON reports or baselines, part by part ------------------------------------------
+
+_COMPARE_HELP = ("part-by-part differences of two JSON reports or baselines (--attncost-json, --attncost-save): "
+                 "entries added, removed and changed; exit 1 when a part grew beyond --max-increase")
+_PROFILE_HELP = ("count a model of your own: import MODULE (dotted, or a .py file), build FACTORY() on the meta "
+                 "device and print its costs at each length")
+
+#: Parts compared, in the report's order.
+PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
+
+#: Exit codes: 0 nothing grew too much, 1 a part grew beyond --max-increase, 2 a usage error.
+GREW = 1
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}")
+    return value
+
+
+def _compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("old", metavar="A.json", type=Path, help="the reference: a baseline or a JSON report")
+    parser.add_argument("new", metavar="B.json", type=Path, help="the run to check against it")
+    parser.add_argument("--max-increase", type=_percent, default=0.0, metavar="PCT",
+                        help="allowed growth of any part, in percent (default 0)")
+    return parser
+
+
+def _change(before: int, after: int) -> str:
+    if before == after:
+        return "="
+    if before == 0:
+        return "+inf"
+    return f"{(after - before) / before * 100:+.2f}%"
+
+
+def _entry_label(key: tuple[Any, ...]) -> list[str]:
+    """test id, model (with mode, causal accounting and backend when not the defaults), n, batch."""
+    test_id, name, n, batch, mode, causal, backend = key
+    notes = [note for note, default in ((mode, "forward"), (causal, "full"), (backend, "fvcore")) if note != default]
+    return [test_id, f"{name} ({', '.join(notes)})" if notes else name, f"{n:,}", str(batch)]
+
+
+def _entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
+
+
+def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list[str], int]:
+    """The comparison's lines and exit code (0, or 1 when a part grew beyond *max_increase* percent).
+
+    Raises:
+        baseline.BaselineError: a file that is missing, corrupt or of another schema.
+    """
+    from . import baseline
+
+    before, _ = baseline.load(old)
+    after, _ = baseline.load(new)
+    added = sorted(after.keys() - before.keys())
+    removed = sorted(before.keys() - after.keys())
+    common = sorted(before.keys() & after.keys())
+    changed = [key for key in common if any(int(before[key][p]) != int(after[key][p]) for p in PARTS)]
+    unchanged = len(common) - len(changed)
+    lines = [f"{old} ({_entries(len(before))}) → {new} ({_entries(len(after))}), counts in MAC:"]
+    regressions: list[str] = []
+    if changed:
+        headers = ["test", "model", "n", "batch", "total before", "total after", *(f"Δ {p}" for p in PARTS)]
+        body = []
+        for key in changed:
+            a, b = before[key], after[key]
+            body.append([*_entry_label(key), f"{int(a['total']):,}", f"{int(b['total']):,}",
+                         *(_change(int(a[p]), int(b[p])) for p in PARTS)])
+            found, _cell = baseline.compare(a, b, max_increase)
+            label = _entry_label(key)
+            regressions += [f"{label[0]} [{label[1]} n={key[2]} batch={key[3]}]: {r}" for r in found]
+        lines += ["", f"changed ({len(changed)}):", *reporting.table(headers, body, right=range(2, len(headers)))]
+    for title, keys, source in (("added", added, after), ("removed", removed, before)):
+        if keys:
+            body = [[*_entry_label(key), f"{int(source[key]['total']):,}"] for key in keys]
+            lines += ["", f"{title} ({len(keys)}):",
+                      *reporting.table(["test", "model", "n", "batch", "total"], body, right=(2, 3, 4))]
+    if regressions:
+        lines += ["", f"grew beyond --max-increase {max_increase:g}% ({len(regressions)}):",
+                  *(f"  {r}" for r in regressions)]
+    lines += ["", f"{len(changed)} changed, {len(added)} added, {len(removed)} removed, {unchanged} unchanged; "
+                  + (f"{len(regressions)} part{'s' if len(regressions) != 1 else ''} grew beyond "
+                     f"{max_increase:g}%" if regressions else f"no part grew beyond {max_increase:g}%")]
+    return lines, GREW if regressions else 0
+
+
+def _compare(argv: Sequence[str]) -> int:
+    from .baseline import BaselineError
+
+    parser = _compare_arguments(argparse.ArgumentParser(prog="python -m pytest_attncost compare",
+                                                        description=_COMPARE_HELP))
+    args = parser.parse_args(argv)
+    try:
+        lines, code = compare_files(args.old, args.new, args.max_increase)
+    except (BaselineError, OSError) as exc:
+        parser.error(str(exc))
+    _print("\n".join(lines))
+    return code
+
+
+# --- profile: a model of the user's own, through pytest_attncost.profile -------------------------
+
+#: Why MODULE:FACTORY could not be used; each message names the target and the fix.
+NOT_A_TARGET = "expected MODULE:FACTORY (a dotted module or a .py file, a colon, a function), got {target!r}"
+NO_FILE = "cannot import {target}: no file {path}; give an existing .py file or a dotted module"
+NO_MODULE = ("cannot import {target}: {error}; give a dotted module importable from the current directory "
+             "(e.g. mypkg.models:build) or a path to a .py file (e.g. models.py:build)")
+IMPORT_FAILED = "cannot import {target}: importing {module} raised {error}; fix the module (it runs on import)"
+NO_ATTRIBUTE = ("cannot use {target}: module {module} has no attribute {name!r}{hint}; after the colon, name a "
+                "zero-argument function defined in {module}")
+NOT_CALLABLE = ("cannot use {target}: {name} is not callable (it is {kind}); point at a zero-argument "
+                "function that returns the model (an nn.Module)")
+
+NO_INPUTS = ("; the command line builds default inputs only (transformers models, torch's Transformer modules): "
+             "for others call pytest_attncost.profile(factory, n, inputs=...) in Python")
+
+
+class TargetError(ValueError):
+    """MODULE:FACTORY that cannot be imported or called; the message names it and the fix."""
+
+
+def _profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("target", metavar="MODULE:FACTORY",
+                        help="a zero-argument callable returning an nn.Module, e.g. mypkg.models:build_bert "
+                             "or path/to/models.py:build_bert (built on the meta device: no weights allocated)")
+    parser.add_argument("--n", type=_positive, nargs="+", action="extend", metavar="N", required=True,
+                        help="lengths: --n 512 2048, or --n 512 --n 2048")
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
+    parser.add_argument("--backend", choices=("fvcore", "torch"), default=None,
+                        help="counter: fvcore's jit trace (default) or torch's FlopCounterMode")
+    parser.add_argument("--json", action="store_true",
+                        help="print the JSON report (the --attncost-json schema: compare reads it)")
+    return parser
+
+
+def _import_module(target: str, module: str) -> Any:
+    if module.endswith(".py") or os.sep in module or "/" in module:
+        path = Path(module)
+        if not path.is_file():
+            raise TargetError(NO_FILE.format(target=target, path=path))
+        name = f"_attncost_cli_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:  # pragma: no cover - a .py file always has a loader
+            raise TargetError(NO_FILE.format(target=target, path=path))
+        loaded = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(path.resolve().parent))  # its sibling modules import as they would beside it
+        sys.modules[name] = loaded
+        try:
+            spec.loader.exec_module(loaded)
+        except Exception as exc:  # noqa: BLE001 - the module is the user's code
+            sys.modules.pop(name, None)
+            raise TargetError(IMPORT_FAILED.format(target=target, module=path, error=_error(exc))) from exc
+        return loaded
+    if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` would see it
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+            raise TargetError(NO_MODULE.format(target=target, error=exc)) from exc
+        raise TargetError(IMPORT_FAILED.format(target=target, module=module, error=_error(exc))) from exc
+    except Exception as exc:  # noqa: BLE001 - the module is the user's code
+        raise TargetError(IMPORT_FAILED.format(target=target, module=module, error=_error(exc))) from exc
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def load_factory(target: str) -> Callable[[], Any]:
+    """The callable named by ``MODULE:FACTORY`` (``FACTORY`` may be dotted: ``Models.bert``).
+
+    Raises:
+        TargetError: no colon, a module that cannot be imported, a missing or non-callable attribute.
+    """
+    module, sep, attribute = target.rpartition(":")
+    if not sep or not module or not attribute:
+        raise TargetError(NOT_A_TARGET.format(target=target))
+    value: Any = _import_module(target, module)
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            names = [n for n in dir(value) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = (f" (did you mean {close[0]!r}?)" if close else
+                    f"; it defines {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}" if names else "")
+            raise TargetError(NO_ATTRIBUTE.format(target=target, module=module, name=part, hint=hint))
+        value = getattr(value, part)
+    if not callable(value):
+        kind = type(value).__name__
+        raise TargetError(NOT_CALLABLE.format(target=target, name=attribute,
+                                              kind=f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"))
+    return cast("Callable[[], Any]", value)
+
+
+def _deviation(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "0" if value == 0 else f"{value:.2%}"
+
+
+def _profile(argv: Sequence[str]) -> int:
+    parser = _profile_arguments(argparse.ArgumentParser(prog="python -m pytest_attncost profile",
+                                                        description=_PROFILE_HELP))
+    args = parser.parse_args(argv)
+    try:
+        factory = load_factory(args.target)
+    except TargetError as exc:
+        parser.error(str(exc))
+    from .api import ProfileError, profile
+
+    rows = []
+    for n in args.n:
+        try:
+            result = profile(factory, n, batch=args.batch, backend=args.backend)
+        except ProfileError as exc:
+            hint = NO_INPUTS if "inputs=" in str(exc) else ""
+            parser.error(f"{args.target} at n={n}: {exc}{hint}")
+        rows.append({**result.to_dict(), "test_id": args.target})
+    if args.json:
+        _print(reporting.render_json(rows).rstrip("\n"))
+        return 0
+    first = rows[0]
+    headers = ["n", "total", "attention_core", "attention_proj", "ffn", "other", "attn share", "deviation",
+               "warnings"]
+    body = [[f"{r['n']:,}", f"{r['total']:,}", f"{r['attention_core']:,}", f"{r['attention_proj']:,}",
+             f"{r['ffn']:,}", f"{r['other']:,}", f"{r['attention_share']:.4f}", _deviation(r["deviation"]),
+             str(len(r.get("warnings") or ()))] for r in rows]
+    lines = [f"{args.target}: {first['name']}, batch {args.batch}, counted by {first['backend']}, "
+             "whole model in MAC (1 MAC = 2 FLOP):",
+             *reporting.table(headers, body, right=range(len(headers)), rule=False),
+             "attn share is attention / (attention + FFN); deviation is the largest relative difference "
+             "from the formula"]
+    warned = [f"  n={r['n']}: {w}" for r in rows for w in r.get("warnings") or ()]
+    if warned:
+        lines += ["warnings (these numbers may be wrong):", *warned]
+    _print("\n".join(lines))
+    return 0
+
+
+def _print(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # piped into head: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "compare":
+        return _compare(argv[1:])
+    if argv and argv[0] == "profile":
+        return _profile(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is not None:  # a subcommand after formula options
+        parser.error(f"{args.command} goes first: python -m pytest_attncost {args.command} ... "
+                     "(it takes none of the formula options)")
     spec = resolve_spec(parser, args)
     lengths = args.n or default_lengths(spec)
     data = table(spec, lengths, args.batch)
@@ -312,10 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True)
     else:
         text = "\n\n".join([render(data, args.preset or "custom"), *texts])
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:  # piped into head: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    _print(text)
     return 0
 
 

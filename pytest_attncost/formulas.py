@@ -1,4 +1,12 @@
-"""The Transformer cost model of ARTICLE.md as pure integer functions.
+"""The Transformer cost model of the article as pure integer functions.
+
+The article is Su Jianlin, "Linear attention is probably not the model you are
+waiting for" (PaperWeekly / kexue.fm, 2021): one layer costs ``4n(hd)²`` in the
+attention projections, ``2n²hd`` in the attention core and ``8n(hd)²`` in the
+FFN, so attention outweighs the FFN only past ``n = 2hd`` and the quadratic term
+dominates only past ``n = 6hd``. What follows generalises it (grouped-query
+attention, gated FFNs, mixtures of experts, cross-attention, decoding) and
+reduces to it for the article's models.
 
 Counts are multiply-accumulates (MACs): a product of an ``a x b`` and a ``b x c``
 matrix costs ``a*b*c``. Symbols follow the article: ``n`` tokens, ``h`` query
