@@ -37,6 +37,8 @@ __all__ = [
     "Profile",
     "ProfileError",
     "Sweep",
+    "Timing",
+    "TimingSweep",
     "__version__",
     "attention",
     "attention_core",
@@ -53,6 +55,8 @@ __all__ = [
     "kv_cache_bytes",
     "layer_costs",
     "linear_attention_saving",
+    "measure",
+    "measure_sweep",
     "model_costs",
     "parse_count",
     "clear_cache",
@@ -81,4 +85,8 @@ def __getattr__(name: str) -> object:
         from .sweep import Sweep
 
         return Sweep
+    if name in ("measure", "measure_sweep", "Timing", "TimingSweep"):
+        from . import timing
+
+        return getattr(timing, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

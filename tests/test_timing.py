@@ -1,0 +1,517 @@
+"""measure(): real forwards timed with torch.profiler and split with profile()'s roles (issue 17).
+
+Bounds and lines are tested on injected timings (deterministic); real timing is asserted only
+where it must be (op times add up to the forward; a slowed FFN shifts the share), with margins
+wide enough for a busy 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_attncost import api, families, profile
+from pytest_attncost import roles as roles_mod
+from pytest_attncost.counting import count_forward_torch, meta_twin
+from pytest_attncost.formulas import ModelSpec
+from pytest_attncost.timing import (
+    DISAGREEMENT_LINE,
+    MIN_REPEATS,
+    NO_TIMING,
+    PARTS,
+    TIME_BOUND_MESSAGE,
+    Timing,
+    TimingError,
+    TimingSweep,
+    _event_tree,
+    _op_macs,
+    _Placement,
+    _split_repeat,
+    check_time_bounds,
+    disagreement_line,
+    disagreement_lines,
+    measure,
+    measure_sweep,
+    parse_time_bound,
+    plot_time_shares,
+    time_change_line,
+)
+
+# --- injected timings: bounds, lines, JSON ---------------------------------------------------
+
+BERT_512_MACS = {"attention_core": 2, "attention_proj": 2, "ffn": 6, "other": 0}  # MAC share 0.4
+
+
+def timing(attention: list[float], ffn: list[float], *, n: int = 512, name: str = "BertModel",
+           macs: dict[str, int] | None = None, device: str = "cpu") -> Timing:
+    """Attention time split evenly between core and projections; other = 0."""
+    return Timing.from_samples(
+        {"attention_core": [a / 2 for a in attention], "attention_proj": [a / 2 for a in attention], "ffn": ffn},
+        name=name, n=n, macs=macs or BERT_512_MACS, device=device, device_name="NVIDIA H200" if device != "cpu" else "x",
+    )
+
+
+def shares(values: list[float]) -> Timing:
+    """A timing whose per-repeat attention time shares are *values* (attention + ffn = 1 s)."""
+    return timing(values, [1 - v for v in values])
+
+
+def test_from_samples_totals() -> None:
+    t = Timing.from_samples(
+        {"attention_core": [1, 2], "attention_proj": [1, 1], "ffn": [2, 3], "other": [0, 1], "traced": [5, 8]})
+    assert t.repeats == 2
+    assert t.values("attributed") == (4, 7)
+    assert t.values("unattributed") == (1, 1)
+    assert t.values("forward") == (5, 8)  # defaults to the traced time
+    assert t.values("attention") == (2, 3)
+    assert t.attention == 2.5 and t.traced == 6.5
+
+
+def test_shares_are_medians_of_per_repeat_shares() -> None:
+    t = shares([0.5, 0.6, 0.58, 0.9, 0.59])
+    assert t.attention_time_share == pytest.approx(0.59)
+    # spread: the median absolute deviation, so the 0.9 outlier does not widen it
+    assert t.spread("attention_time_share") == pytest.approx(0.01)
+    assert t.attention_mac_share == pytest.approx(0.4)
+    assert t.quadratic_time_share == pytest.approx(0.295)
+
+
+@pytest.mark.parametrize(
+    ("values", "limit", "broken"),
+    [
+        ([0.58, 0.59, 0.60, 0.61, 0.62], 0.5, True),  # 0.60 - 0.01 > 0.5
+        ([0.58, 0.59, 0.60, 0.61, 0.62], 0.595, False),  # 0.60 - 0.01 = 0.59: within the noise
+        ([0.58, 0.59, 0.60, 0.61, 0.62], 0.585, True),  # 0.59 > 0.585: beyond it
+        ([0.45, 0.46, 0.60, 0.61, 0.95], 0.5, False),  # median 0.60, spread 0.14: too noisy to call
+        ([0.40, 0.41, 0.42, 0.43, 0.99], 0.5, False),  # one slow repeat does not fail a holding bound
+    ],
+)
+def test_max_bound_fails_only_beyond_the_spread(values: list[float], limit: float, broken: bool) -> None:
+    problems = check_time_bounds(shares(values), {"attention_time_share_max": limit})
+    assert bool(problems) is broken
+
+
+@pytest.mark.parametrize(("limit", "broken"), [(0.7, True), (0.61, False), (0.5, False)])
+def test_min_bound_mirrors_the_max(limit: float, broken: bool) -> None:
+    problems = check_time_bounds(shares([0.58, 0.59, 0.60, 0.61, 0.62]), {"attention_time_share_min": limit})
+    assert bool(problems) is broken
+
+
+def test_bound_message_names_median_spread_repeats_and_mac_share() -> None:
+    [message] = check_time_bounds(shares([0.58, 0.59, 0.60, 0.61, 0.62]), {"attention_time_share_max": 0.5})
+    assert message == TIME_BOUND_MESSAGE.format(stat="attention_time_share", median=0.6, op=">", limit=0.5, n=512,
+                                                where="this CPU", repeats=5, spread=0.01, macs=0.4)
+    assert message == ("attention_time_share 0.600 > 0.5 beyond the noise at n=512 on this CPU "
+                       "(median of 5 repeats, spread ±0.010; MAC share 0.400)")
+
+
+def test_quadratic_bound() -> None:
+    t = shares([0.6] * 5)  # core is half the attention time: 0.3
+    assert check_time_bounds(t, {"quadratic_time_share_max": 0.31}) == []
+    assert check_time_bounds(t, {"quadratic_time_share_max": 0.25})[0].startswith("quadratic_time_share 0.300 > 0.25")
+    assert check_time_bounds(t, {"quadratic_time_share_min": 0.35})[0].startswith("quadratic_time_share 0.300 < 0.35")
+
+
+def test_too_few_repeats_fail_rather_than_pass_on_noise() -> None:
+    t = shares([0.1] * (MIN_REPEATS - 1))  # would hold easily
+    [message] = check_time_bounds(t, {"attention_time_share_max": 0.5})
+    assert f"timed {MIN_REPEATS - 1} time(s)" in message and f"repeats={MIN_REPEATS}" in message
+    assert check_time_bounds(shares([0.1] * MIN_REPEATS), {"attention_time_share_max": 0.5}) == []
+
+
+def test_bounds_over_several_timings_and_none() -> None:
+    held, broken = shares([0.3] * 5), shares([0.7] * 5)
+    assert len(check_time_bounds([held, broken, broken], {"attention_time_share_max": 0.5})) == 2
+    assert check_time_bounds([held], {"attention_time_share_max": None}) == []
+    assert check_time_bounds([], {"attention_time_share_max": 0.5}) == [
+        NO_TIMING.format(bound="attention_time_share_max")]
+    with pytest.raises(ValueError, match="unknown time bound 'attention_share_max'"):
+        check_time_bounds([held], {"attention_share_max": 0.5})
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "0.5", True, None])
+def test_parse_time_bound_refuses(value: object) -> None:
+    with pytest.raises(ValueError, match=r"attention_time_share_max must be a number in \[0, 1\]"):
+        parse_time_bound("attention_time_share_max", value)
+    assert parse_time_bound("quadratic_time_share_min", 1) == 1.0
+
+
+def test_disagreement_line_picks_the_largest_gap() -> None:
+    at_128 = timing([0.36] * 5, [0.64] * 5, n=128, macs={"attention_core": 1, "attention_proj": 34, "ffn": 65})
+    at_512 = timing([0.58] * 5, [0.42] * 5, n=512)  # 40% of MACs, 58% of time
+    assert disagreement_line([at_128, at_512]) == "BertModel: attention: 40% of MACs, 58% of time at n=512 on this CPU"
+    gpu = timing([0.5] * 5, [0.5] * 5, device="cuda:0")
+    other = timing([0.5] * 5, [0.5] * 5, name="LlamaModel")
+    assert disagreement_lines([other, at_512, at_128, gpu]) == [
+        "BertModel: attention: 40% of MACs, 58% of time at n=512 on this CPU",
+        DISAGREEMENT_LINE.format(name="BertModel", macs=0.4, time=0.5, n=512, where="NVIDIA H200"),
+        "LlamaModel: attention: 40% of MACs, 50% of time at n=512 on this CPU",
+    ]
+    assert disagreement_line([]) is None
+
+
+def test_json_is_plain_and_round_trips() -> None:
+    t = timing([0.4, 0.5, 0.45, 0.47, 0.46], [0.6] * 5)
+    data = json.loads(json.dumps(t.to_dict(), allow_nan=False))
+    assert data["attention_time_share"] == pytest.approx(t.attention_time_share)
+    assert data["attention_mac_share"] == pytest.approx(0.4)
+    assert data["seconds"]["attention"] == pytest.approx(0.46)
+    assert data["macs_per_second"]["ffn"] == pytest.approx(6 / 0.6)
+    assert data["macs_per_second"]["other"] is None  # no time: no rate (never infinity)
+    assert Timing.from_dict(data) == t
+
+
+def test_time_change_line_reports_and_never_gates() -> None:
+    old = timing([0.4] * 5, [0.6] * 5).to_dict()
+    new = timing([0.6] * 5, [0.6] * 5).to_dict()
+    assert time_change_line(old, new) == ("time 1 s -> 1.2 s (+20.0%), attention time share 0.400 -> 0.500 "
+                                          "(reported, not gated)")
+
+
+def test_sweep_crossover_interpolates_the_time_share() -> None:
+    spec = ModelSpec(hidden=768, heads=12, head_dim=64, layers=12, ffn_dim=3072)
+    sweep = TimingSweep([timing([0.45] * 5, [0.55] * 5, n=512), timing([0.3] * 5, [0.7] * 5, n=128),
+                         timing([0.65] * 5, [0.35] * 5, n=1024)], spec)
+    assert sweep.lengths == [128, 512, 1024]
+    # 0.45 at 512, 0.65 at 1024: 0.5 is a quarter of the way
+    assert sweep.crossover() == pytest.approx(640)
+    assert sweep.formula_crossover() == 1536  # 2hd
+    assert sweep.mac_crossover() is None  # the injected MAC share is 0.4 throughout
+    assert json.dumps(sweep.to_dict(), allow_nan=False)
+    assert TimingSweep([timing([0.3] * 5, [0.7] * 5)]).crossover() is None
+
+
+# --- placing one op --------------------------------------------------------------------------
+
+FUSED = frozenset({"aten::scaled_dot_product_attention"})
+ROLES = {"layers.0": "ffn", "layers.0.attn": "attention"}
+PLACEMENT = _Placement(ROLES, False, {"layers.0.attn.q": frozenset({(8, 8)}), "layers.0.attn": frozenset({(8, 8)}),
+                                      "layers.0.mlp": frozenset({(32, 8), (8, 32)})},
+                       {"layers.0.attn": frozenset({(4, 4)})}, FUSED)
+
+
+@pytest.mark.parametrize(
+    ("op", "scope", "shapes", "part"),
+    [
+        ("aten::linear", "layers.0.attn.q", [[1, 4, 8], [8, 8], [8]], "attention_proj"),
+        ("aten::matmul", "layers.0.attn", [[1, 4, 8], [8, 8]], "attention_proj"),  # a parameter used inline
+        ("aten::matmul", "layers.0.attn", [[1, 2, 4, 4], [1, 2, 4, 4]], "attention_core"),  # QK^T
+        ("aten::matmul", "layers.0.attn", [[1, 4, 4], [4, 4]], "other"),  # a buffer (rotary table)
+        ("aten::scaled_dot_product_attention", "layers.0.attn", [[1, 2, 4, 4]] * 3, "attention_core"),
+        ("aten::softmax", "layers.0.attn", [[1, 2, 4, 4]], "attention_core"),  # the non-projection part
+        ("aten::linear", "layers.0.mlp", [[1, 4, 8], [32, 8], [32]], "ffn"),
+        ("aten::gelu", "layers.0.mlp", [[1, 4, 32]], "ffn"),
+        ("aten::layer_norm", "layers.0", [[1, 4, 8]], "ffn"),
+        ("aten::bmm", "layers.0.mlp", [[2, 4, 4], [2, 4, 4]], "other"),  # unplaced, as in the count
+        ("aten::scaled_dot_product_attention", "pool", [[1, 2, 4, 4]] * 3, "other"),  # attention-pooling head
+        ("aten::embedding", "embed", [[100, 8], [1, 4]], "other"),
+    ],
+)
+def test_placement_follows_the_split(op: str, scope: str, shapes: list, part: str) -> None:
+    assert PLACEMENT.part(op, scope, shapes) == part
+
+
+class FakeEvent:
+    """A kineto event as the profiler's raw results give it (times in ns)."""
+
+    def __init__(self, name: str, start: int, end: int, *, device: str = "CPU", corr: int = 0, linked: int = 0,
+                 shapes: list | None = None, thread: int = 7) -> None:
+        from torch._C._autograd import DeviceType
+
+        self._name, self._start, self._end, self._corr, self._linked = name, start, end, corr, linked
+        self._device, self._shapes, self._thread = getattr(DeviceType, device), shapes or [], thread
+
+    def name(self) -> str: return self._name
+    def start_ns(self) -> int: return self._start
+    def end_ns(self) -> int: return self._end
+    def duration_ns(self) -> int: return self._end - self._start
+    def start_thread_id(self) -> int: return self._thread
+    def end_thread_id(self) -> int: return self._thread
+    def device_type(self): return self._device  # noqa: ANN201
+    def correlation_id(self) -> int: return self._corr
+    def linked_correlation_id(self) -> int: return self._linked
+    def is_async(self) -> bool: return False
+    def shapes(self) -> list: return self._shapes
+
+
+class FakeProfiler:
+    def __init__(self, events: list[FakeEvent]) -> None:
+        self.profiler = type("P", (), {"kineto_results": type("R", (), {"events": lambda self: events})()})()
+
+
+def test_event_tree_places_kernels_on_the_ops_that_launched_them() -> None:
+    q = [[1, 2, 4, 4]]
+    events = [
+        FakeEvent("attncost.repeat:0", 0, 100),
+        FakeEvent("attncost.module:", 1, 99),
+        FakeEvent("attncost.module:layers.0.attn", 5, 60),
+        FakeEvent("attncost.module:layers.0.attn.q", 8, 22),
+        FakeEvent("aten::linear", 10, 20, corr=5, shapes=[[1, 4, 8], [8, 8], [8]]),
+        FakeEvent("aten::addmm", 12, 18, corr=6),
+        FakeEvent("cudaLaunchKernel", 13, 14, corr=60, linked=6),  # the runtime call: not an op
+        FakeEvent("gemm_kernel", 50, 57, device="CUDA", linked=6),  # 7 ns on the device
+        FakeEvent("aten::scaled_dot_product_attention", 30, 40, corr=7, shapes=q * 3),
+        FakeEvent("aten::_flash_attention", 31, 39, corr=8),
+        FakeEvent("flash_kernel", 60, 71, device="CUDA", linked=8),  # 11 ns
+        FakeEvent("aten::softmax", 41, 45, corr=9),  # no kernel: 0 device time
+        FakeEvent("aten::gelu", 70, 75, corr=10),  # outside the layers: other
+        FakeEvent("aten::mm", 200, 300, corr=11, thread=8),  # another thread: not the model's
+    ]
+    [repeat] = _event_tree(FakeProfiler(events))
+    on_gpu = _split_repeat(repeat, PLACEMENT, device_time=True)
+    assert on_gpu[0] == {"attention_core": 11e-9, "attention_proj": 7e-9, "ffn": 0.0, "other": 0.0}
+    on_cpu = _split_repeat(repeat, PLACEMENT, device_time=False)
+    assert on_cpu[0] == pytest.approx({"attention_core": 14e-9, "attention_proj": 10e-9, "ffn": 0.0, "other": 5e-9})
+    assert on_cpu[1] == pytest.approx({"layers.0.attn.q": 10e-9, "layers.0.attn": 14e-9, "": 5e-9})
+    # timed MACs from the shapes: q [1, 4, 8] @ [8, 8]; sdpa 2 heads x 4 x 4 x (4 + 4)
+    assert on_cpu[2] == {"attention_core": 2 * 4 * 4 * 8, "attention_proj": 4 * 8 * 8, "ffn": 0, "other": 0}
+
+
+def test_op_macs_from_shapes() -> None:
+    assert _op_macs("aten::linear", [[2, 5, 8], [32, 8], [32]], FUSED) == 2 * 5 * 8 * 32
+    assert _op_macs("aten::matmul", [[2, 3, 5, 8], [2, 3, 8, 5]], FUSED) == 2 * 3 * 5 * 8 * 5
+    assert _op_macs("aten::matmul", [[2, 5, 8], [8, 16]], FUSED) == 2 * 5 * 8 * 16  # broadcast weight
+    assert _op_macs("aten::addmm", [[16], [5, 8], [8, 16]], FUSED) == 5 * 8 * 16
+    # q [1, 2, 5, 8], k [1, 2, 7, 8], v [1, 2, 7, 8]: per query head 5 * 7 * (8 + 8)
+    assert _op_macs("aten::scaled_dot_product_attention", [[1, 2, 5, 8], [1, 2, 7, 8], [1, 2, 7, 8]], FUSED) == (
+        2 * 5 * 7 * 16)
+    assert _op_macs("aten::einsum", [[], [[2, 3], [3, 4]]], FUSED) is None
+
+
+# --- real forwards on the CPU ----------------------------------------------------------------
+
+# BERT-base-shaped and LLaMA-shaped, small enough for a test, large enough that the ops (not
+# Python) take the forward's time: 2 layers, hidden 256, 4 heads of 64, at n=512.
+N = 512
+
+
+def bert_small() -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=2, intermediate_size=1024,
+                                max_position_embeddings=N, vocab_size=1000))
+
+
+def llama_small() -> nn.Module:
+    from transformers import LlamaConfig, LlamaModel
+
+    return LlamaModel(LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                                  intermediate_size=688, vocab_size=1000))
+
+
+def _expected_roles(model: nn.Module, n: int) -> dict[str, str]:
+    """Roles recomputed independently: the torch backend's count of a meta twin, then find_structure."""
+    twin = meta_twin(model)
+    args, kwargs = api.default_inputs(model, n, 1)
+    raw = count_forward_torch(twin, args, kwargs)
+    containers = [name for name, m in twin.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
+    return roles_mod.find_structure(raw.records, containers, families.experts_of(twin)).roles()
+
+
+@pytest.fixture(scope="module")
+def timed() -> dict[str, tuple[nn.Module, Timing]]:
+    out = {}
+    for factory in (bert_small, llama_small):
+        torch.manual_seed(0)
+        model = factory()
+        out[factory.__name__] = (model, measure(model, N, threads=1, warmup=1, repeats=5))
+    return out
+
+
+@pytest.mark.parametrize("which", ["bert_small", "llama_small"])
+def test_parts_add_up_to_the_forward(timed: dict[str, tuple[nn.Module, Timing]], which: str) -> None:
+    _, t = timed[which]
+    # the remainder is reported, not hidden: per repeat, parts + unattributed = the traced forward
+    for i in range(t.repeats):
+        assert sum(t.samples[p][i] for p in PARTS) == pytest.approx(t.samples["attributed"][i])
+        assert t.samples["attributed"][i] + t.samples["unattributed"][i] == pytest.approx(t.samples["traced"][i])
+    # The ops cover at least 90% of the forward. Judged on the least disturbed repeat: a busy
+    # machine only adds time between ops (a preempted Python gap), it never takes op time away.
+    coverage = [a / b for a, b in zip(t.samples["attributed"], t.samples["traced"])]
+    assert max(coverage) >= 0.9, (coverage, t.to_dict()["seconds"])
+    assert all(0 < c <= 1.001 for c in coverage) and t.unattributed >= 0
+    assert all(t.median(p) > 0 for p in ("attention_core", "attention_proj", "ffn"))
+    assert t.forward > 0 and t.clock == "wall" and t.device == "cpu" and t.dtype == "float32"
+    assert "CPU, 1 thread" in t.device_name
+    assert 0 < t.attention_time_share < 1 and t.macs_per_second("ffn") > 0
+    json.dumps(t.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("which", ["bert_small", "llama_small"])
+def test_roles_are_the_ones_profile_uses(timed: dict[str, tuple[nn.Module, Timing]], which: str) -> None:
+    model, t = timed[which]
+    counted = profile(model, N)
+    expected = _expected_roles(model, N)
+    for name, _ in model.named_modules():  # module by module
+        assert roles_mod.role_of(name, t.roles) == roles_mod.role_of(name, expected), name
+    # the timed products landed in the parts where profile() put their MACs
+    assert t.timed_macs["attention_core"] == counted.attention_core
+    assert t.timed_macs["attention_proj"] == counted.attention_proj
+    assert t.timed_macs["ffn"] == counted.ffn
+    assert t.macs == {p: getattr(counted, p) for p in PARTS}
+    assert t.profile is not None and t.profile.to_dict() == counted.to_dict()  # for the fixture to record
+    assert not [note for note in t.notes if "the timed run multiplied" in note or "could not be read" in note]
+    assert t.by_module and set(t.by_module) <= {name for name, _ in model.named_modules()}
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, w = x.shape
+        q, k, v = (p(x).view(b, n, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
+        out = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.o(out.transpose(1, 2).reshape(b, n, w))
+
+
+class MLP(nn.Module):
+    """An FFN that can repeat its work: the deliberately slowed FFN."""
+
+    def __init__(self, width: int, repeat: int) -> None:
+        super().__init__()
+        self.up, self.down, self.repeat = nn.Linear(width, 4 * width), nn.Linear(4 * width, width), repeat
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.repeat):
+            out = self.down(nn.functional.gelu(self.up(x)))
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int, repeat: int) -> None:
+        super().__init__()
+        self.attn, self.mlp = Attention(width, heads), MLP(width, repeat)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Stack(nn.Module):
+    def __init__(self, width: int = 128, heads: int = 2, layers: int = 2, repeat: int = 1) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width, heads, repeat) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_slowed_ffn_shifts_the_time_share() -> None:
+    inputs = lambda n, batch: (torch.randn(batch, n, 256),)  # noqa: E731
+    normal = measure(lambda: Stack(width=256, heads=4, repeat=1), 128, inputs=inputs, threads=1, repeats=9)
+    slowed = measure(lambda: Stack(width=256, heads=4, repeat=10), 128, inputs=inputs, threads=1, repeats=5)
+    # 10x the FFN's work, the attention unchanged. Compared on each part's fastest repeat (a busy
+    # machine only adds time), with margins: the FFN's time grows, the attention's share shrinks.
+    fastest = lambda t, part: min(t.values(part))  # noqa: E731
+    share = lambda t: fastest(t, "attention") / (fastest(t, "attention") + fastest(t, "ffn"))  # noqa: E731
+    assert fastest(slowed, "ffn") > 4 * fastest(normal, "ffn"), (normal, slowed)
+    assert share(slowed) < share(normal) / 2, (normal, slowed)
+    assert slowed.attention_time_share < 0.25 < normal.attention_mac_share  # the median's share moved too
+    # the roles come from the structure: attn is attention, the rest of each block FFN
+    assert slowed.roles == {"blocks.0": "ffn", "blocks.0.attn": "attention", "blocks.1": "ffn",
+                            "blocks.1.attn": "attention"}
+    assert slowed.timed_macs["ffn"] == 10 * normal.timed_macs["ffn"] == slowed.macs["ffn"]
+
+
+def test_the_model_is_untouched() -> None:
+    torch.manual_seed(1)
+    model = Stack(width=64, heads=2, layers=1).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls: list[int] = []
+    model.blocks[0].register_forward_hook(lambda *a: calls.append(1))
+    hooks = [(dict(m._forward_pre_hooks), dict(m._forward_hooks)) for m in model.modules()]
+    x = torch.randn(1, 16, 64)
+    rng = torch.random.get_rng_state()
+    threads = torch.get_num_threads()
+    t = measure(model, 16, inputs=(x,), repeats=1, warmup=0, threads=1)
+    assert t.repeats == 1 and calls == []  # the user's hooks are not copied into the timed run
+    assert all(m.training for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert [(dict(m._forward_pre_hooks), dict(m._forward_hooks)) for m in model.modules()] == hooks
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert torch.get_num_threads() == threads
+    assert next(model.parameters()).device.type == "cpu"
+
+
+def test_measure_with_user_roles_and_dtype() -> None:
+    model = Stack(width=64, heads=2, layers=1)
+    roles = {"attention": ["blocks.*.attn"], "ffn": ["blocks.*.mlp"]}
+    t = measure(model, 16, inputs=lambda n, b: (torch.randn(b, n, 64),), roles=roles, repeats=1, warmup=0,
+                dtype=torch.float64, threads=1)
+    assert t.roles == {"blocks.0.attn": "attention", "blocks.0.mlp": "ffn"}
+    assert t.dtype == "float64" and t.n == 16
+    assert t.timed_macs["ffn"] == t.macs["ffn"] and t.timed_macs["attention_core"] == t.macs["attention_core"]
+
+
+def test_measure_sweep_records_both_shares() -> None:
+    sweep = measure_sweep(lambda: Stack(width=64, heads=2, layers=1), [16, 64],
+                          inputs=lambda n, b: (torch.randn(b, n, 64),), repeats=1, warmup=0, threads=1)
+    data = json.loads(json.dumps(sweep.to_dict(), allow_nan=False))
+    assert data["lengths"] == [16, 64]
+    assert [row["n"] for row in data["timings"]] == [16, 64]
+    assert all(0 <= row["attention_time_share"] <= 1 for row in data["timings"])
+    assert data["formula_crossover_n"] is None  # a hand-written model has no spec
+    # MACs: solved exactly from the profiles, (8 - 4) * 64² / (2 * 64) = 128, beyond the lengths timed
+    assert data["mac_crossover_n"] == 128
+
+
+def test_plot_time_shares(tmp_path: Path) -> None:
+    spec = ModelSpec(hidden=768, heads=12, head_dim=64, layers=12, ffn_dim=3072)
+    sweep = TimingSweep([timing([0.3] * 5, [0.7] * 5, n=128), timing([0.6] * 5, [0.4] * 5, n=2048)], spec)
+    paths = plot_time_shares(sweep.to_dict(), tmp_path, "bert")
+    assert [p.name for p in paths] == ["bert-time-shares.png", "bert-time-shares.svg"]
+    assert "n=1,536" in (tmp_path / "bert-time-shares.svg").read_text()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"repeats": 0}, "repeats must be an int >= 1"),
+        ({"warmup": -1}, "warmup must be an int >= 0"),
+        ({"threads": 0}, "threads must be a positive int"),
+        ({"dtype": "half"}, "dtype= must be a torch.dtype"),
+        ({"device": "tpu"}, "not a torch device|runs on 'cpu' or 'cuda'"),
+    ],
+)
+def test_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(TimingError, match=message):
+        measure(lambda: Stack(width=64, layers=1), 16, inputs=lambda n, b: (torch.randn(b, n, 64),), **kwargs)
+
+
+def test_a_meta_model_has_no_weights_to_run() -> None:
+    with torch.device("meta"):
+        model = Stack(width=64, layers=1)
+    with pytest.raises(TimingError, match="lives on the meta device"):
+        measure(model, 16, inputs=(torch.randn(1, 16, 64),))
+
+
+def test_cuda_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(TimingError, match="no CUDA device is available"):
+        measure(lambda: Stack(width=64, layers=1), 16, inputs=lambda n, b: (torch.randn(b, n, 64),), device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_times() -> None:
+    t = measure(bert_small, N, device="cuda", repeats=5)
+    counted = profile(bert_small, N)
+    assert t.device.startswith("cuda:") and t.clock == "device" and t.device_name
+    assert all(t.median(p) > 0 for p in ("attention_core", "attention_proj", "ffn"))
+    # kernel time cannot exceed the device time of the forward that launched it
+    assert t.attributed <= t.traced * 1.05
+    assert t.timed_macs["attention_core"] == counted.attention_core
+    assert t.timed_macs["ffn"] == counted.ffn
+    assert math.isfinite(t.attention_time_share)
+    half = measure(bert_small, N, device="cuda", dtype=torch.float16, repeats=5)
+    assert half.dtype == "float16"
