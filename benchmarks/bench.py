@@ -155,6 +155,90 @@ def child_meta(ns: list[int]) -> dict[str, Any]:
     return out
 
 
+def _llama_7b() -> Any:
+    from transformers import LlamaConfig, LlamaModel
+
+    return LlamaModel(LlamaConfig(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                                  num_hidden_layers=32, max_position_embeddings=4096))
+
+
+def _bare_meta(model: Any, n: int, fake: bool) -> float:
+    """torch's FlopCounterMode alone, on the model already on the meta device: the floor to beat.
+
+    LLaMA-family mask creation calls .item(), which bare meta tensors refuse; there the same
+    counter runs under FakeTensorMode (as the torch backend does), the nearest thing that runs.
+    """
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from torch.utils import _pytree as pytree
+
+    from pytest_attncost.api import default_inputs
+
+    args, kwargs = default_inputs(model, n, 1)  # the inputs profile() gives it (BERT: explicit positions past 512)
+    start = time.perf_counter()
+    mode: Any = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    with mode:
+        if fake:
+            args, kwargs = pytree.tree_map(
+                lambda leaf: mode.from_tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, (args, kwargs))
+        with torch.no_grad(), FlopCounterMode(display=False):
+            model(*args, **kwargs)
+    return time.perf_counter() - start
+
+
+def child_against_bare(model: str, n: int, rounds: int) -> dict[str, Any]:
+    """profile() with each backend against bare FlopCounterMode on the meta model: interleaved, best of *rounds*."""
+    import torch
+
+    from pytest_attncost import clear_cache, profile
+
+    _warm_up()
+    with torch.device("meta"):
+        built = _llama_7b() if model == "llama" else _bert(real=True)
+    fake = model == "llama"
+    _bare_meta(built, 16, fake)
+    for backend in ("fvcore", "torch"):
+        profile(built, 16, backend=backend)
+    best = {"bare": float("inf"), "fvcore": float("inf"), "torch": float("inf")}
+    for _ in range(rounds):
+        best["bare"] = min(best["bare"], _bare_meta(built, n, fake))
+        for backend in ("fvcore", "torch"):
+            clear_cache()
+            start = time.perf_counter()
+            result = profile(built, n, backend=backend)
+            best[backend] = min(best[backend], time.perf_counter() - start)
+            assert result.deviation == 0, result.warnings
+    return best
+
+
+def child_sweep(n: int, lengths: list[int], rounds: int) -> dict[str, Any]:
+    """One profile against a sweep of len(lengths) lengths, BERT-base on meta: interleaved, best of *rounds*."""
+    import torch
+
+    from pytest_attncost import clear_cache, profile
+    from pytest_attncost.api import sweep
+
+    _warm_up()
+    with torch.device("meta"):
+        built = _bert(real=True)
+    profile(built, 16)
+    one, many = float("inf"), float("inf")
+    for _ in range(rounds):
+        clear_cache()
+        start = time.perf_counter()
+        profile(built, n)
+        one = min(one, time.perf_counter() - start)
+        clear_cache()
+        start = time.perf_counter()
+        sweep(built, lengths)
+        many = min(many, time.perf_counter() - start)
+    return {"one": one, "sweep": many}
+
+
 def child_baseline_rss() -> dict[str, Any]:
     import transformers  # noqa: F401
 
@@ -163,7 +247,8 @@ def child_baseline_rss() -> dict[str, Any]:
     return {"rss_mb": _rss_mb()}
 
 
-CHILDREN = {f.__name__: f for f in (child_fvcore, child_flopcounter, child_meta, child_baseline_rss)}
+CHILDREN = {f.__name__: f for f in (child_fvcore, child_flopcounter, child_meta, child_baseline_rss,
+                                     child_against_bare, child_sweep)}
 
 
 def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
@@ -223,6 +308,19 @@ def main() -> int:
     def add(what: str, measured: str, target: str, ok: bool) -> None:
         rows.append((what, measured, target, ok))
         print(f"  {what}: {measured} (target {target}) {'ok' if ok else 'MISSED'}", file=sys.stderr, flush=True)
+
+    for model, n, label in (("bert", 512, "BERT-base"), ("bert", long_n, "BERT-base"), ("llama", long_n, "LLaMA-2-7B shape")):
+        bare = run_child("child_against_bare", model=model, n=n, rounds=5)
+        floor = "bare FlopCounterMode on meta" if model == "bert" else "bare FlopCounterMode (fake tensors)"
+        for backend in ("fvcore", "torch"):
+            ratio = bare[backend] / bare["bare"]
+            add(f"{label} n={n}: profile(backend={backend!r}) / {floor} (model on meta; interleaved, best of 5)",
+                f"{bare[backend]:.3f} s / {bare['bare']:.3f} s = {ratio:.2f}x", "<= 1.0x", ratio <= 1.0)
+    lengths = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    swept = run_child("child_sweep", n=512, lengths=lengths, rounds=3)
+    ratio = swept["sweep"] / swept["one"]
+    add(f"BERT-base on meta: sweep of {len(lengths)} lengths / one profile at n=512 (best of 3)",
+        f"{swept['sweep']:.2f} s / {swept['one']:.2f} s = {ratio:.2f}x", "<= 2x", ratio <= 2)
 
     fv_512, fv_long = run_child("child_fvcore", n=512, rounds=3), run_child("child_fvcore", n=long_n, rounds=1)
     ratio = fv_512["ours"] / fv_512["seconds"]
