@@ -36,8 +36,13 @@ def _count_once_before_pytester(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    """A pytester project with the tiny models importable and stable output."""
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A pytester project with the tiny models importable and stable output.
+
+    A wide terminal, so that the report keeps every column the tests look for; the tests of
+    the report's fitting set COLUMNS themselves.
+    """
+    monkeypatch.setenv("COLUMNS", "300")
     pytester.makeini("[pytest]\nconsole_output_style = classic\n")
     pytester.makepyfile(tiny_models=TINY_MODELS_SOURCE)
     return pytester
