@@ -27,7 +27,9 @@ MARKER_HELP = (
     "crossover_min, crossover_max, crossover_rtol (checked on attncost.sweep() results), "
     "crosscheck (count with fvcore and torch's FlopCounterMode, fail when they disagree), "
     "mode ('forward', 'train' or 'decode': the fixture's default), new_tokens (a decode step's queries), "
-    "kv_cache_max (bytes of a decode step's KV cache: an int or '2 GiB', '512 MB')."
+    "kv_cache_max (bytes of a decode step's KV cache: an int or '2 GiB', '512 MB'), "
+    "attention_time_share_max/min and quadratic_time_share_max/min (shares of the time attncost.measure() "
+    "measured, broken only beyond the spread of at least 5 repeats)."
 )
 
 NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
@@ -59,6 +61,11 @@ class Bounds:
     mode: str | None = None  # the fixture's default mode ("decode": a step against a KV cache)
     new_tokens: int | None = None  # the fixture's default decode step
     kv_cache_max: int | None = None  # bytes of a decode step's KV cache
+    # measured time shares (attncost.measure): broken only beyond the repeats' own spread
+    attention_time_share_max: float | None = None
+    attention_time_share_min: float | None = None
+    quadratic_time_share_max: float | None = None
+    quadratic_time_share_min: float | None = None
 
     @property
     def has_bounds(self) -> bool:
@@ -172,6 +179,14 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
             values["kv_cache_max"] = parse_bytes(kwargs["kv_cache_max"])
         except UnitError as exc:
             raise MarkerError(f"kv_cache_max: {exc}") from None
+    from .timing import TIME_BOUNDS, parse_time_bound  # torch-free
+
+    for name in TIME_BOUNDS:
+        if name in kwargs:
+            try:
+                values[name] = parse_time_bound(name, kwargs[name])
+            except ValueError as exc:
+                raise MarkerError(str(exc)) from None
     bounds = Bounds(**values)
     if bounds.crossover_min is not None and bounds.crossover_max is not None and bounds.crossover_min > bounds.crossover_max:
         raise MarkerError(f"crossover_min {bounds.crossover_min:g} > crossover_max {bounds.crossover_max:g}: no sweep can pass")

@@ -44,6 +44,7 @@ SWEEPS_KEY = pytest.StashKey[list["Sweep"]]()
 CROSSCHECK_KEY = pytest.StashKey[dict[int, Any]]()
 BASELINE_KEY = pytest.StashKey["Baselines"]()
 CHECKED_KEY = pytest.StashKey[list[str]]()
+TIMINGS_KEY = pytest.StashKey[list[Any]]()
 PROPERTIES_KEY = pytest.StashKey[list[tuple[str, str]]]()
 CACHE_WAS_KEY = pytest.StashKey[bool]()
 
@@ -547,6 +548,26 @@ class AttncostFixture:
             self._item.stash.setdefault(CROSSCHECK_KEY, {})[id(result)] = second
         return result
 
+    def measure(self, model: Any, n: int | None = None, *, batch: int | None = None, inputs: Any = None,
+                roles: Any = None, spec: Any = None, name: str | None = None, backend: str | None = None,
+                device: Any = "cpu", dtype: Any = None, warmup: int = 2, repeats: int = 5,
+                threads: int | None = None) -> Any:
+        """Like :func:`pytest_attncost.measure`: time the real model beside its count, with the marker's n
+        and batch; the profile and the timing go to the report, and the marker's time bounds check it."""
+        from .timing import measure
+
+        if n is None:
+            n = self._n
+        if batch is None and self._bounds is not None:
+            batch = self._bounds.batch
+        settings = self._item.config.stash[SETTINGS_KEY]
+        timing = measure(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
+                         backend=backend or settings.backend, device=device, dtype=dtype, warmup=warmup,
+                         repeats=repeats, threads=threads)
+        self._item.stash.setdefault(PROFILES_KEY, []).append(timing.profile)
+        self._item.stash.setdefault(TIMINGS_KEY, []).append(timing)
+        return timing
+
     def sweep(self, model: Any, ns: Any, **profile_kwargs: Any) -> Sweep:
         """Like :func:`pytest_attncost.sweep`; every profile is recorded, and the sweep is checked
         against the marker's crossover bounds."""
@@ -585,8 +606,12 @@ def _rows_for(item: pytest.Item, settings: Settings) -> tuple[list[dict[str, Any
     rows, problems = [], []
     keys_seen: set[Any] = set()
     profiles = item.stash.get(PROFILES_KEY, [])
+    timings = {id(t.profile): t for t in item.stash.get(TIMINGS_KEY, [])}
     for result in profiles:
         row = result.to_dict()
+        timing = timings.get(id(result))
+        if timing is not None:
+            row["timing"] = timing.to_dict()
         row["skipped_matmul_ops"] = result.skipped_matmul_ops
         found = check_bounds(bounds, row, settings.unit) if bounds is not None else []
         if settings.strict and result.skipped_matmul_ops:
@@ -653,6 +678,14 @@ def _check(item: pytest.Item, body_passed: bool = True) -> list[str]:
     bounds = _current_bounds(item)
     if PROFILES_KEY in item.stash or bounds is not None:
         rows, problems = _rows_for(item, item.config.stash[SETTINGS_KEY])
+        if bounds is not None and body_passed:
+            from .timing import TIME_BOUNDS, check_time_bounds
+
+            wanted = {key: getattr(bounds, key) for key in TIME_BOUNDS}
+            timed = check_time_bounds(item.stash.get(TIMINGS_KEY, []), wanted)
+            problems += timed
+            for row in rows if timed else ():
+                row["problems"], row["verdict"] = [*row["problems"], *timed], "FAIL"
         if not body_passed:
             problems = []
             for row in rows:

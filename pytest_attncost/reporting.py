@@ -73,6 +73,38 @@ def _model_cell(row: Row) -> str:
     return f"{row['name']} ({', '.join(notes)})" if notes else row["name"]
 
 
+TIME_HEADER = "measured time beside the MACs (reported, never gated by a baseline)"
+
+
+def time_lines(rows: Sequence[Row]) -> list[str]:
+    """Per measured profile: attention's share of the MACs and of the time; then, per model, where they
+    disagree most."""
+    measured = [row for row in rows if row.get("timing")]
+    if not measured:
+        return []
+    lines = []
+    for row in measured:
+        t = row["timing"]
+        spread = t.get("spread", {}).get("attention_time_share")
+        plus = f" ± {spread:.3f}" if isinstance(spread, (int, float)) else ""
+        lines.append(f"{row['test_id']} [{row['name']} n={row['n']}]: attention {t['attention_mac_share']:.3f} of "
+                     f"MACs, {t['attention_time_share']:.3f}{plus} of time; forward "
+                     f"{t['seconds']['forward'] * 1000:.1f} ms on {t.get('device_name') or t.get('device')} "
+                     f"({t['repeats']} repeats)")
+    worst: dict[str, Row] = {}
+    for row in measured:
+        t = row["timing"]
+        gap = abs(t["attention_time_share"] - t["attention_mac_share"])
+        best = worst.get(row["name"])
+        if best is None or gap > abs(best["timing"]["attention_time_share"] - best["timing"]["attention_mac_share"]):
+            worst[row["name"]] = row
+    for name in sorted(worst):
+        t = worst[name]["timing"]
+        lines.append(f"{name}: attention: {t['attention_mac_share']:.0%} of MACs, {t['attention_time_share']:.0%} "
+                     f"of time at n={worst[name]['n']} on {t.get('device_name') or t.get('device')} (widest gap)")
+    return lines
+
+
 def kv_cache_lines(rows: Sequence[Row]) -> list[str]:
     """The KV cache each decode step read: its n tokens, every layer, K and V."""
     return [f"{row['test_id']} [{row['name']} n={row['n']}]: {format_bytes(int(row['kv_cache_bytes']))} "
@@ -323,6 +355,9 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Row], widt
     cached = kv_cache_lines(rows)
     if cached:
         lines += ["", "KV cache of the decode steps (n = tokens already in the cache):", *(f"  {c}" for c in cached)]
+    timed = time_lines(rows)
+    if timed:
+        lines += ["", TIME_HEADER + ":", *(f"  {t}" for t in timed)]
     warned = warning_lines(rows)
     if warned:
         lines += ["", WARNINGS_HEADER + ":", *(f"  {w}" for w in warned)]
@@ -389,6 +424,9 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
     cached = kv_cache_lines(rows)
     if cached:
         out += ["", "**KV cache of the decode steps** (n = tokens already in the cache):", "", *(f"- {c}" for c in cached)]
+    timed = time_lines(rows)
+    if timed:
+        out += ["", f"**{TIME_HEADER[0].upper()}{TIME_HEADER[1:]}:**", "", *(f"- {t}" for t in timed)]
     warned = warning_lines(rows)
     if warned:
         out += ["", f"**{WARNINGS_HEADER[0].upper()}{WARNINGS_HEADER[1:]}:**", "", *(f"- {w}" for w in warned)]

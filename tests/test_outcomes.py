@@ -186,3 +186,35 @@ def test_a_failing_profile_prints_no_plugin_frames_and_no_torch_logs(project: py
     assert "fake_tensor" not in output and "Traceback" not in output
     assert "pytest_attncost" not in output.replace("plugins: attncost", "")
     assert len(output.splitlines()) < 40
+
+
+def test_measure_through_the_fixture_reports_and_checks_time_bounds(project: pytest.Pytester) -> None:
+    project.makepyfile("""
+        import pytest
+        from tiny_models import bert_like
+
+        @pytest.mark.attncost(n=32, attention_time_share_max=1.0)
+        def test_timed(attncost):
+            timing = attncost.measure(bert_like, repeats=5, warmup=1, threads=1)
+            assert timing.profile.n == 32 and 0 < timing.attention_time_share < 1
+
+        @pytest.mark.attncost(n=32, attention_time_share_max=0.9)
+        def test_too_few_repeats(attncost):
+            attncost.measure(bert_like, repeats=2, warmup=0, threads=1)
+
+        @pytest.mark.attncost(n=32, attention_time_share_max=0.9)
+        def test_nothing_timed(attncost):
+            attncost.profile(bert_like)
+    """)
+    result = project.runpytest("--attncost-report", "--attncost-json=r.json")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "attncost: attention_time_share_max=0.9: BertModel at n=32 was timed 2 time(s); a bound on measured time*",
+        "*attention_time_share_max: nothing was timed: call attncost.measure(model)*",
+        "measured time beside the MACs (reported, never gated by a baseline):",
+    ])
+    rows = json.loads((project.path / "r.json").read_text())["profiles"]
+    timed = [row for row in rows if row.get("timing")]
+    assert len(timed) == 2 and all(row["timing"]["repeats"] in (2, 5) for row in timed)
+    assert {row["test_id"].split("::")[1]: row["verdict"] for row in rows} == {
+        "test_timed": "ok", "test_too_few_repeats": "FAIL", "test_nothing_timed": "FAIL"}
