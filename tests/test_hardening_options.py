@@ -15,10 +15,11 @@ LENGTHS = ["n", "batch"]
 TOKENS = ["crossover_min", "crossover_max"]
 FLAGS = ["crosscheck"]
 DECODE = ["mode", "new_tokens", "kv_cache_max"]
+TIME = ["attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max", "quadratic_time_share_min"]
 
 
 def test_every_keyword_is_covered():
-    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS + DECODE) == KEYWORDS
+    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS + DECODE + TIME) == KEYWORDS
 
 
 BAD = [float("nan"), float("inf"), -1, True, "abc", None, [0.5]]
