@@ -17,8 +17,8 @@ here from each family's modeling file, independent of ``pytest_attncost.formulas
   ``other`` and not asserted;
 * causal and sliding-window attention count the full n x n product the dense kernel runs.
 
-Every row is also counted in full (``counting.full_trace()``), without the repeated-layer
-shortcut, and must give the same records, op for op, and the same profile.
+The first row of every architecture is also counted in full (``counting.full_trace()``), without
+the repeated-layer shortcut, by both counters, and must give the same profile.
 
 A Linear (or GPT-2's Conv1D) costs tokens * in * out MACs; biases are free.
 """
@@ -338,9 +338,13 @@ def profile_checked(factory: Callable[[], Any], family: Case, **options: Any) ->
     return short
 
 
-@pytest.mark.parametrize(("family", "kwargs"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_zoo_split_is_exact(family: Case, kwargs: dict[str, Any]) -> None:
-    p = profile_checked(build(family.config, family.model, kwargs), family)
+@pytest.mark.parametrize(("row", "family", "kwargs"), CASES, ids=[c[0] for c in CASES])
+def test_zoo_split_is_exact(row: str, family: Case, kwargs: dict[str, Any]) -> None:
+    factory = build(family.config, family.model, kwargs)
+    # the shortcut is proven against the full trace once per architecture (its first row; the
+    # attention implementation does not change which layers are alike)
+    first = row == family.rows()[0][0]
+    p = profile_checked(factory, family) if first else profile(factory, family.n, batch=family.batch)
     got = {
         "attention_core": p.attention_core,
         "attention_proj": p.attention_proj,
