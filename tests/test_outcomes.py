@@ -218,3 +218,18 @@ def test_measure_through_the_fixture_reports_and_checks_time_bounds(project: pyt
     assert len(timed) == 2 and all(row["timing"]["repeats"] in (2, 5) for row in timed)
     assert {row["test_id"].split("::")[1]: row["verdict"] for row in rows} == {
         "test_timed": "ok", "test_too_few_repeats": "FAIL", "test_nothing_timed": "FAIL"}
+
+
+def test_the_short_summary_names_the_first_broken_bound(project: pytest.Pytester,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    project.makepyfile(f"""
+        import pytest
+        from tiny_models import bert_like
+
+        @pytest.mark.attncost(n=512, attention_share_max=0.5, quadratic_share_max=0.3)
+        def test_x(attncost):
+            attncost.profile(bert_like)
+    """)
+    result = project.runpytest("-rf", "--tb=line")
+    result.stdout.fnmatch_lines(["FAILED *::test_x - attncost: attention_share 0.600 > 0.5 at n=512 (formula 0.600*"])
