@@ -150,12 +150,17 @@ def merge(
     for key, row in fresh.items():
         merged[key] = row
     if keep_tests is not None:
-        merged = {key: row for key, row in merged.items() if key[0] in keep_tests}
+        # pruning: tests that no longer exist go, and so do profiles a test no longer makes
+        # (a test that profiled this run keeps exactly this run's profiles)
+        profiled = {key[0] for key in fresh}
+        merged = {key: row for key, row in merged.items()
+                  if key[0] in keep_tests and (key[0] not in profiled or key in fresh)}
     return list(merged.values())
 
 
 # Run-specific fields left out of a baseline, so that an unchanged re-save is byte-identical.
-VOLATILE = ("outcome", "verdict", "problems", "vs_baseline", "baseline_status")
+# Measured time is noisy and machine-bound: reported, never stored to gate (DECISIONS).
+VOLATILE = ("outcome", "verdict", "problems", "vs_baseline", "baseline_status", "timing")
 
 
 def render_baseline(rows: Iterable[Mapping[str, Any]]) -> str:

@@ -110,6 +110,21 @@ def test_save_merges_and_prunes(suite):
     suite.runpytest("--attncost-save=base.json", "--attncost-save-prune").assert_outcomes(passed=1)
     tests = [r["test_id"] for r in json.loads((suite.path / "base.json").read_text())["profiles"]]
     assert tests == ["test_suite.py::test_encoder"]
+    # a profile the test no longer makes (renamed) goes too; without prune it stays
+    suite.makepyfile(test_suite="""
+        import pytest
+        from tiny_models import torch_encoder
+
+        @pytest.mark.attncost(n=64)
+        def test_encoder(attncost):
+            attncost.profile(torch_encoder, name="renamed")
+    """)
+    suite.runpytest("--attncost-save=base.json").assert_outcomes(passed=1)
+    names = sorted(r["name"] for r in json.loads((suite.path / "base.json").read_text())["profiles"])
+    assert names == ["TransformerEncoder", "renamed"]
+    suite.runpytest("--attncost-save=base.json", "--attncost-save-prune").assert_outcomes(passed=1)
+    names = [r["name"] for r in json.loads((suite.path / "base.json").read_text())["profiles"]]
+    assert names == ["renamed"]
 
 
 def test_unchanged_resave_is_byte_identical(suite):
