@@ -6,10 +6,12 @@ Only JSON is read: nothing is unpickled or evaluated.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,7 +217,10 @@ def save(path: Path, rows: Iterable[Mapping[str, Any]], keep_tests: set[str] | N
     if problem is not None:
         raise BaselineError(problem)
     target = path.resolve() if path.is_symlink() else path
-    with FileLock(str(target.with_name(f".{target.name}.lock"))):
+    # the lock lives in the temporary directory, keyed by the file's real path: nothing is left in
+    # the user's repository, and every process on this machine saving to that file takes the same lock
+    key = hashlib.sha1(str(target.resolve()).encode("utf-8")).hexdigest()[:16]
+    with FileLock(str(Path(tempfile.gettempdir()) / f"pytest-attncost-{key}.lock")):
         _drop_stale_temporaries(target)
         existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
         mode = target.stat().st_mode & 0o7777 if target.exists() else None

@@ -72,6 +72,7 @@ def test_concurrent_saves_lose_nothing(suite: pytest.Pytester) -> None:
         outputs = [run.communicate(timeout=300)[0].decode() for run in runs]
         assert [run.returncode for run in runs] == [0, 0], outputs
         assert saved_tests(target) == ["test_a", "test_b", "test_c", "test_d"]
+        assert sorted(p.name for p in suite.path.iterdir() if p.name.startswith(".")) == []  # no lock left
 
 
 def test_saving_through_a_symlink_keeps_the_link(suite: pytest.Pytester) -> None:
