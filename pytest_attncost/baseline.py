@@ -83,7 +83,7 @@ def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise BaselineError(f"baseline {path}: profile #{index} has no valid {name!r} "
                                     f"(got {value!r}); {fix}")
-            if kind is int and value < (1 if name in ("n", "batch") else 0):
+            if isinstance(value, int) and value < (1 if name in ("n", "batch") else 0):
                 raise BaselineError(f"baseline {path}: profile #{index} has {name}={value}, which no count can be; {fix}")
         for name in ("mode", "causal", "backend"):
             if name in row and not isinstance(row[name], str):

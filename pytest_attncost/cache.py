@@ -133,7 +133,7 @@ class _Describer:
             return (type(value), value)
         if isinstance(value, (enum.Enum, torch.dtype, torch.device, torch.Size, torch.memory_format,
                               torch.layout, type, range, slice)):
-            return value
+            return value  # type: ignore[no-any-return,return-value]  # all hashable
         if isinstance(value, torch.Tensor):  # a tensor kept as a plain attribute, not a buffer
             return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.requires_grad)
         if isinstance(value, torch.nn.Module):

@@ -508,7 +508,7 @@ def _masking_label(op: str, ins: list[Any], flow: int) -> str:
         positions, fill = mask
         if positions == ("none",) or fill == 0:
             return MASK_NONE
-        return _label(positions) if isinstance(fill, Number) and fill < 0 else MASK_UNKNOWN
+        return _label(positions) if isinstance(fill, (int, float)) and fill < 0 else MASK_UNKNOWN
     if op == "where" and len(ins) >= 3 and flow in (1, 2):
         cond = ins[0]
         if not isinstance(cond, tuple):
@@ -534,7 +534,7 @@ def _sdpa_label(is_causal: Any, has_mask: bool, attn_mask: Any, mask_is_bool: bo
         return _label(_complement(positions))
     if positions == ("none",) or fill == 0:
         return MASK_NONE
-    return _label(positions) if isinstance(fill, Number) and fill < 0 else MASK_UNKNOWN
+    return _label(positions) if isinstance(fill, (int, float)) and fill < 0 else MASK_UNKNOWN
 
 
 def _combine(labels: Iterator[str] | list[str] | set[str]) -> str:
@@ -1222,7 +1222,7 @@ def _flop_count_analysis() -> type:
         # fvcore scripts a function at import time, which torch 2.13 deprecates.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        from fvcore.nn import FlopCountAnalysis
+        from fvcore.nn import FlopCountAnalysis  # type: ignore[import-untyped]
     return FlopCountAnalysis
 
 
@@ -1243,7 +1243,7 @@ def count_forward(
         CountError: the tracer could not run the model; the message carries its reason.
     """
     flop_count_analysis = _flop_count_analysis()
-    from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS
+    from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS  # type: ignore[import-untyped]
 
     _refuse_scripted(model)
     with _no_global_hooks():

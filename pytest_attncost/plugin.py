@@ -45,7 +45,7 @@ CROSSCHECK_KEY = pytest.StashKey[dict[int, Any]]()
 BASELINE_KEY = pytest.StashKey["Baselines"]()
 CHECKED_KEY = pytest.StashKey[list[str]]()
 TIMINGS_KEY = pytest.StashKey[list[Any]]()
-PROPERTIES_KEY = pytest.StashKey[list[tuple[str, str]]]()
+PROPERTIES_KEY = pytest.StashKey[list[tuple[str, object]]]()
 CACHE_WAS_KEY = pytest.StashKey[bool]()
 
 USER_PROPERTY = "attncost"
@@ -674,7 +674,7 @@ def _check(item: pytest.Item, body_passed: bool = True) -> list[str]:
     if CHECKED_KEY in item.stash:
         return item.stash[CHECKED_KEY]
     problems: list[str] = []
-    properties: list[tuple[str, str]] = []
+    properties: list[tuple[str, object]] = []
     bounds = _current_bounds(item)
     if PROFILES_KEY in item.stash or bounds is not None:
         rows, problems = _rows_for(item, item.config.stash[SETTINGS_KEY])
@@ -760,7 +760,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """After the call phase: attach the profiles to the report; a failed check reads as its message."""
     report = yield
     if call.when == "call":
-        item.user_properties.extend(item.stash.get(PROPERTIES_KEY, []))
+        stored = item.stash.get(PROPERTIES_KEY, None)
+        if stored is not None:
+            item.user_properties.extend(stored)
         report.user_properties = list(item.user_properties)
         if report.failed and call.excinfo is not None and isinstance(call.excinfo.value, AttncostCheckError):
             report.longrepr = str(call.excinfo.value)  # the checks' own words; no plugin frames

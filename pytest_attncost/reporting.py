@@ -332,8 +332,8 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Row], widt
     headers = _headers(unit, baseline, crosscheck)
     body = [_cells(r, unit, baseline, crosscheck) for r in rows]
     if not full:
-        for row, short in zip(body, _short_ids([r["test_id"] for r in rows])):
-            row[0] = short
+        for cells, short in zip(body, _short_ids([r["test_id"] for r in rows])):
+            cells[0] = short
         if width is not None:
             headers, body = _fit(headers, body, width)
     lines = _table(headers, body)
@@ -369,13 +369,13 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Row], widt
     if checked:
         lines += ["", "cross-check (attention_core, attention_proj, ffn must agree; other may differ):"]
         for row in checked:
-            check = row["crosscheck"]
-            if "error" in check:
-                lines.append(f"  {row['test_id']} [{row['name']}]: {check['error']}")
+            cross: Mapping[str, Any] = row["crosscheck"]
+            if "error" in cross:
+                lines.append(f"  {row['test_id']} [{row['name']}]: {cross['error']}")
                 continue
-            first, second = check["backends"]
-            a, b = check[first], check[second]
-            lines.append(f"  {row['test_id']} [{row['name']}]: {'agree' if check['agree'] else 'DISAGREE'}; "
+            first, second = cross["backends"]
+            a, b = cross[first], cross[second]
+            lines.append(f"  {row['test_id']} [{row['name']}]: {'agree' if cross['agree'] else 'DISAGREE'}; "
                          f"other {first} {a['other']:,} vs {second} {b['other']:,} MAC")
     failed = [r for r in rows if r.get("problems")]
     if failed:
