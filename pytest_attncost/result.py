@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import formulas
-from .counting import MATMUL_LIKE_UNSUPPORTED
+from .ops import MATMUL_LIKE_UNSUPPORTED
 from .formulas import Costs, ModelSpec, relative_deviation
 
 __all__ = ["Profile"]

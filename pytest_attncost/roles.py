@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .counting import ATTENTION_OPS, CONTRACTING_OPS, TORCH_ATTENTION_OPS, OpRecord
+from .ops import ATTENTION_OPS, CONTRACTING_OPS, TORCH_ATTENTION_OPS, OpRecord
 
 __all__ = ["ROLE_NAMES", "RoleError", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure", "split"]
 

@@ -339,3 +339,13 @@ def test_moe_spec_rejects_nonsense() -> None:
     # 1 dense gated layer (3*D*f) + 3 MoE layers (2 experts of 3*D*f_e + router D*E), per token
     assert spec.model_ffn_per_token == 3 * 64 * 128 + 3 * (2 * 3 * 64 * 32 + 64 * 8)
     assert formulas.model_costs(spec, 10).ffn == 10 * spec.model_ffn_per_token
+
+
+def test_roles_and_op_tables_need_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, pytest_attncost.ops, pytest_attncost.roles, pytest_attncost.formulas; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
