@@ -15,9 +15,12 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .reporting import SCHEMA, render_json
+if TYPE_CHECKING:
+    from .result import Profile
+
+from .reporting import SCHEMA, Row, RowKey, render_documents, row_key
 
 __all__ = ["BaselineError", "Regression", "compare", "entry_key", "load", "merge", "save", "writable", "MAX_BYTES"]
 
@@ -25,17 +28,17 @@ MAX_BYTES = 64 * 1024 * 1024
 PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
 _REQUIRED = {"test_id": str, "name": str, "n": int, "batch": int, **{p: int for p in PARTS}}
 
-Key = tuple[str, str, int, int, str, str, str]
+Key = RowKey
 
 
 class BaselineError(ValueError):
     """A baseline file that cannot be used; the message names the file and the fix."""
 
 
-def entry_key(row: Mapping[str, Any]) -> Key:
-    """Profiles are keyed by test id, profile name, n, batch, mode, causal accounting and backend."""
-    return (row["test_id"], row["name"], row["n"], row["batch"], row.get("mode", "forward"),
-            row.get("causal", "full"), row.get("backend", "fvcore"))
+def entry_key(entry: Mapping[str, Any]) -> Key:
+    """A baseline entry's key: the identity of the row it was saved from (:func:`reporting.row_key`)."""
+    return row_key(entry["test_id"], entry["name"], entry["n"], entry["batch"], entry.get("mode"),
+                   entry.get("causal"), entry.get("backend"))
 
 
 def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
@@ -123,17 +126,23 @@ class Regression:
                 f"(max_increase {self.allowed:g}%)")
 
 
-def compare(baseline: Mapping[str, Any], row: Mapping[str, Any], allowed: float) -> tuple[list[Regression], str]:
-    """Regressions of *row* against its baseline entry, and the 'vs baseline' cell for the total."""
+def _part(counts: Mapping[str, Any] | Profile, part: str) -> int:
+    return int(counts[part] if isinstance(counts, Mapping) else getattr(counts, part))
+
+
+def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
+            allowed: float) -> tuple[list[Regression], str]:
+    """Regressions of *now* (a profile, or another file's entry) against its baseline entry, and the
+    'vs baseline' cell for the total."""
     regressions = []
     for part in PARTS:
-        before, after = int(baseline[part]), int(row[part])
+        before, after = int(baseline[part]), _part(now, part)
         if after <= before:
             continue
         regression = Regression(part, before, after, allowed)
         if regression.change > allowed:
             regressions.append(regression)
-    before, after = int(baseline["total"]), int(row["total"])
+    before, after = int(baseline["total"]), _part(now, "total")
     if before == after:
         cell = "="
     elif before == 0:
@@ -165,10 +174,10 @@ def merge(
 VOLATILE = ("outcome", "verdict", "problems", "vs_baseline", "baseline_status", "timing")
 
 
-def render_baseline(rows: Iterable[Mapping[str, Any]]) -> str:
-    """The baseline document: the JSON report's schema, minus run-specific fields."""
-    clean = [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
-    return render_json(clean)
+def render_baseline(entries: Iterable[Mapping[str, Any]]) -> str:
+    """The baseline document: the JSON report's schema, minus run-specific fields, in row order."""
+    clean = [{k: v for k, v in entry.items() if k not in VOLATILE} for entry in entries]
+    return render_documents(sorted(clean, key=entry_key))
 
 
 def writable(path: Path) -> str | None:
@@ -200,7 +209,7 @@ def _drop_stale_temporaries(target: Path) -> None:
             candidate.unlink(missing_ok=True)
 
 
-def save(path: Path, rows: Iterable[Mapping[str, Any]], keep_tests: set[str] | None) -> None:
+def save(path: Path, rows: Iterable[Row], keep_tests: set[str] | None) -> None:
     """Merge this run's profiles into the baseline at *path*, under a file lock, atomically.
 
     Another process saving to the same file waits for the lock, and each merges into what the
@@ -224,7 +233,7 @@ def save(path: Path, rows: Iterable[Mapping[str, Any]], keep_tests: set[str] | N
         _drop_stale_temporaries(target)
         existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
         mode = target.stat().st_mode & 0o7777 if target.exists() else None
-        text = render_baseline(merge(existing, rows, keep_tests))
+        text = render_baseline(merge(existing, [row.to_dict() for row in rows], keep_tests))
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             tmp.write_text(text, encoding="utf-8")

@@ -533,22 +533,22 @@ def _profile(argv: Sequence[str]) -> int:
         except ProfileError as exc:
             hint = NO_INPUTS if "inputs=" in str(exc) else ""
             parser.error(f"{args.target} at n={n}: {exc}{hint}")
-        rows.append({**result.to_dict(), "test_id": args.target})
+        rows.append(reporting.Row(args.target, result))
     if args.json:
         _print(reporting.render_json(rows).rstrip("\n"))
         return 0
-    first = rows[0]
+    first = rows[0].profile
     headers = ["n", "total", "attention_core", "attention_proj", "ffn", "other", "attn share", "deviation",
                "warnings"]
-    body = [[f"{r['n']:,}", f"{r['total']:,}", f"{r['attention_core']:,}", f"{r['attention_proj']:,}",
-             f"{r['ffn']:,}", f"{r['other']:,}", f"{r['attention_share']:.4f}", _deviation(r["deviation"]),
-             str(len(r.get("warnings") or ()))] for r in rows]
-    lines = [f"{args.target}: {first['name']}, batch {args.batch}, counted by {first['backend']}, "
+    body = [[f"{p.n:,}", f"{p.total:,}", f"{p.attention_core:,}", f"{p.attention_proj:,}", f"{p.ffn:,}",
+             f"{p.other:,}", f"{p.attention_share:.4f}", _deviation(p.deviation), str(len(p.warnings))]
+            for p in (r.profile for r in rows)]
+    lines = [f"{args.target}: {first.name}, batch {args.batch}, counted by {first.backend}, "
              "whole model in MAC (1 MAC = 2 FLOP):",
              *reporting.table(headers, body, right=range(len(headers)), rule=False),
              "attn share is attention / (attention + FFN); deviation is the largest relative difference "
              "from the formula"]
-    warned = [f"  n={r['n']}: {w}" for r in rows for w in r.get("warnings") or ()]
+    warned = [f"  n={r.profile.n}: {w}" for r in rows for w in r.profile.warnings]
     if warned:
         lines += ["warnings (these numbers may be wrong):", *warned]
     _print("\n".join(lines))

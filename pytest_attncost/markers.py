@@ -11,10 +11,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .formulas import relative_deviation
 from .units import UnitError, format_bytes, format_count, format_tokens, parse_bytes, parse_count
+
+if TYPE_CHECKING:
+    from .result import Profile
 
 __all__ = ["Bounds", "MarkerError", "check_bounds", "parse_marker_kwargs", "MARKER_HELP"]
 
@@ -214,13 +217,13 @@ def _fraction_text(value: float) -> str:
     return f"{int(value)}" if float(value).is_integer() else f"{float(value):.1f}"
 
 
-def threshold_notes(data: Mapping[str, Any]) -> tuple[str, str]:
+def threshold_notes(profile: Profile) -> tuple[str, str]:
     """'attention overtakes FFN at n=1536 = 2hd' and 'quadratic term dominates at n=4608 = 6hd'."""
-    spec = data.get("spec")
-    crossover, quadratic = data.get("crossover_n"), data.get("quadratic_n")
+    spec = profile.spec
+    crossover, quadratic = profile.crossover_n, profile.quadratic_n
     if spec is None:
         return ("no spec, so no threshold", "no spec, so no threshold")
-    hd = spec["heads"] * spec["head_dim"]
+    hd = spec.heads * spec.head_dim
     if crossover is None:
         first = "attention costs more than the FFN at every n"
     else:
@@ -232,54 +235,55 @@ def threshold_notes(data: Mapping[str, Any]) -> tuple[str, str]:
     return first, second
 
 
-def _formula_share(data: Mapping[str, Any], part: str) -> str:
-    formula = data.get("formula")
-    if not formula:
+def _formula_share(profile: Profile, part: str) -> str:
+    formula = profile.formula
+    if formula is None:
         return "no formula"
-    denominator = formula["attention"] + formula["ffn"]
-    value = formula[part] / denominator if denominator else 0.0
+    denominator = formula.attention + formula.ffn
+    value = getattr(formula, part) / denominator if denominator else 0.0
     return f"formula {value:.3f}"
 
 
-def check_bounds(bounds: Bounds, data: Mapping[str, Any], unit: str = "mac") -> list[str]:
-    """Every bound this profile (a ``Profile.to_dict()``) breaks, as one readable line each."""
+def check_bounds(bounds: Bounds, profile: Profile, unit: str = "mac") -> list[str]:
+    """Every bound *profile* breaks, as one readable line each."""
     problems: list[str] = []
-    where = f"at n={data['n']}" + (f", batch={data['batch']}" if data["batch"] != 1 else "")
-    crossover_note, quadratic_note = threshold_notes(data)
+    where = f"at n={profile.n}" + (f", batch={profile.batch}" if profile.batch != 1 else "")
+    crossover_note, quadratic_note = threshold_notes(profile)
 
-    share = data["attention_share"]
+    share = profile.attention_share
     if bounds.attention_share_max is not None and share > bounds.attention_share_max:
         problems.append(
             f"attention_share {share:.3f} > {bounds.attention_share_max} {where} "
-            f"({_formula_share(data, 'attention')}; {crossover_note})"
+            f"({_formula_share(profile, 'attention')}; {crossover_note})"
         )
     if bounds.attention_share_min is not None and share < bounds.attention_share_min:
         problems.append(
             f"attention_share {share:.3f} < {bounds.attention_share_min} {where} "
-            f"({_formula_share(data, 'attention')}; {crossover_note})"
+            f"({_formula_share(profile, 'attention')}; {crossover_note})"
         )
-    quad = data["quadratic_share"]
+    quad = profile.quadratic_share
     if bounds.quadratic_share_max is not None and quad > bounds.quadratic_share_max:
         problems.append(
             f"quadratic_share {quad:.3f} > {bounds.quadratic_share_max} {where} "
-            f"({_formula_share(data, 'attention_core')}; {quadratic_note})"
+            f"({_formula_share(profile, 'attention_core')}; {quadratic_note})"
         )
-    formula = data.get("formula")
+    formula = profile.formula
     for name, part in (("total_max", "total"), ("attention_max", "attention"), ("ffn_max", "ffn")):
         limit = getattr(bounds, name)
-        if limit is None or data[part] <= limit:
+        measured = getattr(profile, part)
+        if limit is None or measured <= limit:
             continue
-        if formula:
-            expected = formula["attention"] + formula["ffn"] if part == "total" else formula[part]
+        if formula is not None:
+            expected = formula.attention + formula.ffn if part == "total" else getattr(formula, part)
             label = "formula attention+ffn" if part == "total" else "formula"
             note = f"{label} {format_count(expected, unit)}"
         else:
             note = "no formula"
         problems.append(
-            f"{part} {format_count(data[part], unit)} > {name} {format_count(limit, unit)} {where} "
-            f"({data[part]:,} > {_exact(limit)} MAC; {note})"
+            f"{part} {format_count(measured, unit)} > {name} {format_count(limit, unit)} {where} "
+            f"({measured:,} > {_exact(limit)} MAC; {note})"
         )
-    saving = data.get("linear_attention_saving")
+    saving = profile.linear_attention_saving
     if bounds.linear_saving_max is not None:
         if saving is None:
             problems.append(f"linear_saving_max needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
@@ -289,21 +293,21 @@ def check_bounds(bounds: Bounds, data: Mapping[str, Any], unit: str = "mac") -> 
                 f"(linear attention would save {saving:.2%} of attention+ffn; {crossover_note})"
             )
     if bounds.kv_cache_max is not None:
-        held = data.get("kv_cache_bytes")
+        held = profile.kv_cache_bytes
         if held is None:
             problems.append(f"kv_cache_max bounds a decode step's KV cache: profile with mode='decode' {where}")
         elif held > bounds.kv_cache_max:
             problems.append(
                 f"kv_cache_bytes {format_bytes(held)} > kv_cache_max {format_bytes(bounds.kv_cache_max)} {where} "
-                f"({held:,} > {bounds.kv_cache_max:,} bytes; decode step of {data.get('new_tokens')} against "
-                f"{data['n']:,} cached tokens)"
+                f"({held:,} > {bounds.kv_cache_max:,} bytes; decode step of {profile.new_tokens} against "
+                f"{profile.n:,} cached tokens)"
             )
     if bounds.formula_rtol is not None:
-        if not formula:
+        if formula is None:
             problems.append(f"formula_rtol needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
         else:
             for part in ("attention_core", "attention_proj", "ffn"):
-                got, want = data[part], formula[part]
+                got, want = getattr(profile, part), getattr(formula, part)
                 dev = relative_deviation(got, want)
                 if dev > bounds.formula_rtol:
                     problems.append(

@@ -1,39 +1,123 @@
-"""Renderers for the attncost report: terminal table, Markdown and JSON, from plain row dicts.
+"""The attncost report: one typed :class:`Row` per profile, one table formatter, shared sections.
 
-A row is ``Profile.to_dict()`` plus ``test_id``, ``outcome``, ``verdict`` and
-``problems``. Renderers never see the pytest config, so each is a plain function.
+A :class:`Row` is a :class:`~pytest_attncost.result.Profile` as one test saw it: the test id,
+the verdict and problems of its checks, its outcome, the baseline cell, the cross-check and
+measured time. It becomes a dict only where it crosses a process or a file
+(:meth:`Row.to_dict`, :meth:`Row.from_dict`: xdist, ``--junitxml``, JSON, baselines).
+The terminal and Markdown reports render the same :func:`sections`, so neither can lack
+what the other shows. Renderers never see the pytest config: each is a plain function.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import textwrap
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .formulas import ModelSpec
 from .markers import threshold_notes
+from .result import Profile
 from .units import format_bytes, format_count, format_tokens
 
-__all__ = ["SCHEMA", "render_json", "render_markdown", "render_terminal", "sort_rows", "table", "write_atomic"]
+__all__ = ["SCHEMA", "Row", "RowKey", "Section", "render_json", "render_markdown", "render_terminal", "row_key",
+           "sections", "sort_rows", "table", "write_atomic"]
 
 SCHEMA = 1
 
-Row = Mapping[str, Any]
+#: A row's identity: test id, profile name, n, batch, mode, causal accounting, backend.
+RowKey = tuple[str, str, int, int, str, str, str]
+
+#: The keys a row adds to ``Profile.to_dict()`` in its JSON form.
+ROW_KEYS = ("test_id", "skipped_matmul_ops", "problems", "verdict", "outcome", "vs_baseline", "crosscheck", "timing")
+
+
+def row_key(test_id: str, name: str, n: int, batch: int, mode: str | None = "forward", causal: str | None = "full",
+            backend: str | None = "fvcore") -> RowKey:
+    """The one identity of a row: reports sort by it, baselines are keyed by it."""
+    return (test_id, name, n, batch, mode or "forward", causal or "full", backend or "fvcore")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One profile in one test, with what its checks found.
+
+    Attributes:
+        test_id: the pytest node id.
+        profile: the count.
+        problems: the checks it broke (bounds, baseline, strict mode, cross-check), one line each.
+        verdict: ``ok`` (checked and passed), ``FAIL``, or ``-`` (nothing checked it).
+        outcome: the test's outcome (``passed``, ``failed``, ``skipped``, ``error``), once known.
+        vs_baseline: the baseline cell (``=``, ``+1.20%``, ``new``); None without a baseline.
+        crosscheck: the second backend's parts and whether they agree; None without a cross-check.
+        timing: measured time beside the MACs (``Timing.to_dict()``); None when not measured.
+    """
+
+    test_id: str
+    profile: Profile
+    problems: tuple[str, ...] = ()
+    verdict: str = "-"
+    outcome: str | None = None
+    vs_baseline: str | None = None
+    crosscheck: Mapping[str, Any] | None = field(default=None, compare=False)
+    timing: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def key(self) -> RowKey:
+        p = self.profile
+        return row_key(self.test_id, p.name, p.n, p.batch, p.mode, p.causal, p.backend)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``Profile.to_dict()`` plus the row's own keys (absent ones left out)."""
+        data = self.profile.to_dict()
+        data["test_id"] = self.test_id
+        data["skipped_matmul_ops"] = self.profile.skipped_matmul_ops
+        data["problems"] = list(self.problems)
+        data["verdict"] = self.verdict
+        for name in ("outcome", "vs_baseline", "crosscheck", "timing"):
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = dict(value) if isinstance(value, Mapping) else value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Row:
+        """Inverse of :meth:`to_dict` (a JSON report's or baseline's entry reads as a row too)."""
+        return cls(
+            test_id=str(data["test_id"]),
+            profile=Profile.from_dict(data),
+            problems=tuple(data.get("problems") or ()),
+            verdict=str(data.get("verdict") or "-"),
+            outcome=data.get("outcome"),
+            vs_baseline=data.get("vs_baseline"),
+            crosscheck=data.get("crosscheck"),
+            timing=data.get("timing"),
+        )
+
+    def replace(self, **changes: Any) -> Row:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def where(self) -> str:
+        """``test [model n=512]``: how sections name the row."""
+        return f"{self.test_id} [{self.profile.name} n={self.profile.n}]"
+
+
+def sort_rows(rows: Iterable[Row]) -> list[Row]:
+    """By the row identity: serial and xdist runs print the same table."""
+    return sorted(rows, key=lambda r: r.key)
+
 
 _COLUMNS = (
     "test", "model", "n", "batch", "total", "attention", "FFN", "other",
     "attn share", "quad share", "deviation", "lin. saving", "verdict",
 )
-
-
-def sort_rows(rows: Iterable[Row]) -> list[Row]:
-    """By test id, then model name, n and batch: serial and xdist runs print the same table."""
-    return sorted(rows, key=lambda r: (r["test_id"], r["name"], r["n"], r["batch"], r.get("mode", "forward"),
-                                       r.get("causal", "full"), r.get("backend", "fvcore")))
 
 
 def _percent(value: float | None) -> str:
@@ -47,103 +131,60 @@ def _deviation(value: float | None) -> str:
 
 
 def _has_baseline(rows: Sequence[Row]) -> bool:
-    return any("vs_baseline" in row for row in rows)
-
-
-WARNINGS_HEADER = "warnings (these numbers may be wrong; --attncost-strict fails them)"
+    return any(row.vs_baseline is not None for row in rows)
 
 
 def _has_crosscheck(rows: Sequence[Row]) -> bool:
-    return any("crosscheck" in row for row in rows)
+    return any(row.crosscheck is not None for row in rows)
+
+
+WARNINGS_HEADER = "warnings (these numbers may be wrong; --attncost-strict fails them)"
+TIME_HEADER = "measured time beside the MACs (reported, never gated by a baseline)"
 
 
 def _model_cell(row: Row) -> str:
     """The name, and how it was counted when that is not the default."""
+    p = row.profile
     notes = []
-    if row.get("backend", "fvcore") != "fvcore":
-        notes.append(row["backend"] + (" fallback" if row.get("fallback") else ""))
-    if row.get("mode") == "decode":
-        notes.append(f"decode +{row.get('new_tokens') or 1}")  # n is then the tokens in the KV cache
-    elif row.get("mode", "forward") != "forward":
-        notes.append(row["mode"])
-    if row.get("causal_applied"):
+    if p.backend != "fvcore":
+        notes.append(p.backend + (" fallback" if p.fallback else ""))
+    if p.mode == "decode":
+        notes.append(f"decode +{p.new_tokens or 1}")  # n is then the tokens in the KV cache
+    elif p.mode != "forward":
+        notes.append(p.mode)
+    if p.causal_applied:
         notes.append("causal half")
-    if row.get("warnings"):
-        notes.append(f"{len(row['warnings'])} warning{'s' if len(row['warnings']) > 1 else ''}")
-    return f"{row['name']} ({', '.join(notes)})" if notes else row["name"]
-
-
-TIME_HEADER = "measured time beside the MACs (reported, never gated by a baseline)"
-
-
-def time_lines(rows: Sequence[Row]) -> list[str]:
-    """Per measured profile: attention's share of the MACs and of the time; then, per model, where they
-    disagree most."""
-    measured = [row for row in rows if row.get("timing")]
-    if not measured:
-        return []
-    lines = []
-    for row in measured:
-        t = row["timing"]
-        spread = t.get("spread", {}).get("attention_time_share")
-        plus = f" ± {spread:.3f}" if isinstance(spread, (int, float)) else ""
-        lines.append(f"{row['test_id']} [{row['name']} n={row['n']}]: attention {t['attention_mac_share']:.3f} of "
-                     f"MACs, {t['attention_time_share']:.3f}{plus} of time; forward "
-                     f"{t['seconds']['forward'] * 1000:.1f} ms on {t.get('device_name') or t.get('device')} "
-                     f"({t['repeats']} repeats)")
-    worst: dict[str, Row] = {}
-    for row in measured:
-        t = row["timing"]
-        gap = abs(t["attention_time_share"] - t["attention_mac_share"])
-        best = worst.get(row["name"])
-        if best is None or gap > abs(best["timing"]["attention_time_share"] - best["timing"]["attention_mac_share"]):
-            worst[row["name"]] = row
-    for name in sorted(worst):
-        t = worst[name]["timing"]
-        lines.append(f"{name}: attention: {t['attention_mac_share']:.0%} of MACs, {t['attention_time_share']:.0%} "
-                     f"of time at n={worst[name]['n']} on {t.get('device_name') or t.get('device')} (widest gap)")
-    return lines
-
-
-def kv_cache_lines(rows: Sequence[Row]) -> list[str]:
-    """The KV cache each decode step read: its n tokens, every layer, K and V."""
-    return [f"{row['test_id']} [{row['name']} n={row['n']}]: {format_bytes(int(row['kv_cache_bytes']))} "
-            f"({int(row['kv_cache_bytes']):,} bytes) for {row['n']:,} cached tokens, batch {row['batch']}"
-            for row in rows if row.get("kv_cache_bytes")]
-
-
-def warning_lines(rows: Sequence[Row]) -> list[str]:
-    """Every profile's warnings: numbers the plugin cannot stand behind, and why."""
-    return [f"{row['test_id']} [{row['name']} n={row['n']}]: {warning}"
-            for row in rows for warning in row.get("warnings") or ()]
+    if p.warnings:
+        notes.append(f"{len(p.warnings)} warning{'s' if len(p.warnings) > 1 else ''}")
+    return f"{p.name} ({', '.join(notes)})" if notes else p.name
 
 
 def _agree(row: Row) -> str:
-    check = row.get("crosscheck")
-    if not check:
+    if not row.crosscheck:
         return "-"
-    return "yes" if check.get("agree") else "NO"
+    return "yes" if row.crosscheck.get("agree") else "NO"
 
 
 def _cells(row: Row, unit: str, baseline: bool = False, crosscheck: bool = False) -> list[str]:
-    extra = [row.get("vs_baseline", "-")] if baseline else []
+    p = row.profile
+    extra = [row.vs_baseline or "-"] if baseline else []
     if crosscheck:
         extra.append(_agree(row))
     return [
-        row["test_id"],
+        row.test_id,
         _model_cell(row),
-        str(row["n"]),
-        str(row["batch"]),
-        format_count(row["total"], unit, suffix=False),
-        format_count(row["attention"], unit, suffix=False),
-        format_count(row["ffn"], unit, suffix=False),
-        format_count(row["other"], unit, suffix=False),
-        f"{row['attention_share']:.3f}",
-        f"{row['quadratic_share']:.3f}",
-        _deviation(row["deviation"]),
-        _percent(row["linear_attention_saving"]),
+        str(p.n),
+        str(p.batch),
+        format_count(p.total, unit, suffix=False),
+        format_count(p.attention, unit, suffix=False),
+        format_count(p.ffn, unit, suffix=False),
+        format_count(p.other, unit, suffix=False),
+        f"{p.attention_share:.3f}",
+        f"{p.quadratic_share:.3f}",
+        _deviation(p.deviation),
+        _percent(p.linear_attention_saving),
         *extra,
-        row.get("verdict", "-"),
+        row.verdict,
     ]
 
 
@@ -157,28 +198,37 @@ def _headers(unit: str, baseline: bool = False, crosscheck: bool = False) -> lis
     return columns
 
 
-def _spec_text(spec: Mapping[str, Any]) -> str:
-    parts = [f"hidden {spec['hidden']}", f"{spec['heads']} heads x {spec['head_dim']}"]
-    if spec.get("kv_heads"):
-        parts.append(f"{spec['kv_heads']} kv heads")
-    parts.append(f"ffn {spec['ffn_dim']}{' gated' if spec.get('gated') else ''}")
-    if spec.get("cross_attention"):
+# --- sections: what follows the table, the same in every format ---------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled list of lines under the table; *images* (per line) are linked in Markdown only."""
+
+    title: str
+    lines: list[str]
+    images: dict[int, list[str]] = field(default_factory=dict)
+
+
+def _spec_text(spec: ModelSpec) -> str:
+    parts = [f"hidden {spec.hidden}", f"{spec.heads} heads x {spec.head_dim}"]
+    if spec.kv_heads:
+        parts.append(f"{spec.kv_heads} kv heads")
+    parts.append(f"ffn {spec.ffn_dim}{' gated' if spec.gated else ''}")
+    if spec.cross_attention:
         parts.append("cross-attention")
-    parts.append(f"{spec['layers']} layers")
+    parts.append(f"{spec.layers} layers")
     return ", ".join(parts)
 
 
 def threshold_lines(rows: Sequence[Row]) -> list[str]:
     """One line per distinct spec: where attention overtakes the FFN and where the core dominates."""
-    seen: dict[str, str] = {}
+    seen: dict[ModelSpec, str] = {}
     for row in rows:
-        spec = row.get("spec")
-        if not spec:
-            continue
-        key = json.dumps(spec, sort_keys=True)
-        if key not in seen:
-            first, second = threshold_notes(row)
-            seen[key] = f"{row['name']} ({_spec_text(spec)}): {first}; {second}"
+        spec = row.profile.spec
+        if spec is not None and spec not in seen:
+            first, second = threshold_notes(row.profile)
+            seen[spec] = f"{row.profile.name} ({_spec_text(spec)}): {first}; {second}"
     return list(seen.values())
 
 
@@ -190,18 +240,115 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
     """
     groups: dict[tuple[str, str], list[str]] = {}
     for row in rows:
-        ops = row.get("unsupported_ops") or {}
+        ops = row.profile.unsupported_ops
         if not ops:
             continue
-        skipped = set(row.get("skipped_matmul_ops") or {})
+        skipped = set(row.profile.skipped_matmul_ops)
         text = ", ".join(f"{op.removeprefix('aten::')} x{count}" + (" (MATMUL, not counted!)" if op in skipped else "")
                          for op, count in sorted(ops.items()))
-        groups.setdefault((row["name"], text), []).append(f"{row['test_id']} n={row['n']}")
+        groups.setdefault((row.profile.name, text), []).append(f"{row.test_id} n={row.profile.n}")
     lines = []
     for (name, text), where in groups.items():
         shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
         lines.append(f"{name} [{shown}]: {text}")
     return lines
+
+
+def time_lines(rows: Sequence[Row]) -> list[str]:
+    """Per measured profile: attention's share of the MACs and of the time; then, per model, where they
+    disagree most."""
+    measured = [row for row in rows if row.timing]
+    lines = []
+    for row in measured:
+        t: Mapping[str, Any] = row.timing  # type: ignore[assignment]
+        spread = t.get("spread", {}).get("attention_time_share")
+        plus = f" ± {spread:.3f}" if isinstance(spread, (int, float)) else ""
+        lines.append(f"{row.where}: attention {t['attention_mac_share']:.3f} of "
+                     f"MACs, {t['attention_time_share']:.3f}{plus} of time; forward "
+                     f"{t['seconds']['forward'] * 1000:.1f} ms on {t.get('device_name') or t.get('device')} "
+                     f"({t['repeats']} repeats)")
+
+    def gap(row: Row) -> float:
+        t: Mapping[str, Any] = row.timing  # type: ignore[assignment]
+        return abs(t["attention_time_share"] - t["attention_mac_share"])
+
+    worst: dict[str, Row] = {}
+    for row in measured:
+        best = worst.get(row.profile.name)
+        if best is None or gap(row) > gap(best):
+            worst[row.profile.name] = row
+    for name in sorted(worst):
+        t = worst[name].timing or {}
+        lines.append(f"{name}: attention: {t['attention_mac_share']:.0%} of MACs, {t['attention_time_share']:.0%} "
+                     f"of time at n={worst[name].profile.n} on {t.get('device_name') or t.get('device')} "
+                     "(widest gap)")
+    return lines
+
+
+def kv_cache_lines(rows: Sequence[Row]) -> list[str]:
+    """The KV cache each decode step read: its n tokens, every layer, K and V."""
+    return [f"{row.where}: {format_bytes(int(held))} ({int(held):,} bytes) for {row.profile.n:,} cached tokens, "
+            f"batch {row.profile.batch}"
+            for row in rows if (held := row.profile.kv_cache_bytes)]
+
+
+def warning_lines(rows: Sequence[Row]) -> list[str]:
+    """Every profile's warnings: numbers the plugin cannot stand behind, and why."""
+    return [f"{row.where}: {warning}" for row in rows for warning in row.profile.warnings]
+
+
+def crosscheck_lines(rows: Sequence[Row]) -> list[str]:
+    """Both backends' verdicts; ``other`` may differ (elementwise ops count differently)."""
+    lines = []
+    for row in rows:
+        cross = row.crosscheck
+        if not cross or cross.get("agree") is None:
+            continue
+        head = f"{row.test_id} [{row.profile.name}]"
+        if "error" in cross:
+            lines.append(f"{head}: {cross['error']}")
+            continue
+        first, second = cross["backends"]
+        a, b = cross[first], cross[second]
+        lines.append(f"{head}: {'agree' if cross['agree'] else 'DISAGREE'}; "
+                     f"other {first} {a['other']:,} vs {second} {b['other']:,} MAC")
+    return lines
+
+
+def sweep_lines(sweeps: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per sweep: thresholds solved from the measurements, beside the formula's."""
+    lines = []
+    for data in sweeps:
+        head = f"{data['test_id']} [{data['name']} n={data['lengths']}]"
+        if data.get("error"):
+            lines.append(f"{head}: {data['error']}")
+            continue
+        lines.append(
+            f"{head}: attention = FFN at n={format_tokens(data['crossover_n'])} "
+            f"(formula {format_tokens(data['formula_crossover_n'])}); quadratic term = linear terms at "
+            f"n={format_tokens(data['quadratic_crossover_n'])} (formula {format_tokens(data['formula_quadratic_n'])})"
+        )
+    return lines
+
+
+def sections(rows: Sequence[Row], sweeps: Sequence[Mapping[str, Any]] = ()) -> list[Section]:
+    """Everything under the table, in order; empty sections are left out. Rows must be sorted."""
+    plots = {i: [p for p in data.get("plots", []) if p.endswith(".png")] for i, data in enumerate(sweeps)}
+    found = [
+        Section("thresholds (per layer, from the formula)", threshold_lines(rows)),
+        Section("sweeps (thresholds solved exactly from the measured counts)", sweep_lines(sweeps),
+                {i: paths for i, paths in plots.items() if paths}),
+        Section("ops fvcore skipped (not in the counts; elementwise ops are expected here)", unsupported_lines(rows)),
+        Section("KV cache of the decode steps (n = tokens already in the cache)", kv_cache_lines(rows)),
+        Section(TIME_HEADER, time_lines(rows)),
+        Section(WARNINGS_HEADER, warning_lines(rows)),
+        Section("counted by the torch backend because fvcore could not trace",
+                [f"{r.test_id} [{r.profile.name}]: {r.profile.fallback}" for r in rows if r.profile.fallback]),
+        Section("cross-check (attention_core, attention_proj, ffn must agree; other may differ)",
+                crosscheck_lines(rows)),
+        Section("checks failed", [f"{r.test_id} [{r.profile.name}]: {p}" for r in rows for p in r.problems]),
+    ]
+    return [section for section in found if section.lines]
 
 
 def table(headers: Sequence[str], body: Sequence[Sequence[str]], *, right: Iterable[int] | None = None,
@@ -224,24 +371,6 @@ def table(headers: Sequence[str], body: Sequence[Sequence[str]], *, right: Itera
 
     return [line(headers), *([line(["-" * w for w in widths])] if rule else []), *(line(r) for r in body)]
 
-
-_table = table  # the name the report's renderers used before the CLI shared it
-
-
-def sweep_lines(sweeps: Sequence[Row]) -> list[str]:
-    """One line per sweep: thresholds solved from the measurements, beside the formula's."""
-    lines = []
-    for data in sweeps:
-        head = f"{data['test_id']} [{data['name']} n={data['lengths']}]"
-        if data.get("error"):
-            lines.append(f"{head}: {data['error']}")
-            continue
-        lines.append(
-            f"{head}: attention = FFN at n={format_tokens(data['crossover_n'])} "
-            f"(formula {format_tokens(data['formula_crossover_n'])}); quadratic term = linear terms at "
-            f"n={format_tokens(data['quadratic_crossover_n'])} (formula {format_tokens(data['formula_quadratic_n'])})"
-        )
-    return lines
 
 
 def _short_ids(ids: Sequence[str]) -> list[str]:
@@ -312,18 +441,17 @@ def _wrap(line: str, width: int | None, indent: str = "    ") -> list[str]:
                          break_on_hyphens=False) or [line]
 
 
-def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = (),
+def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Mapping[str, Any]] = (),
                     width: int | None = None, full: bool = False) -> list[str]:
     """The report as terminal lines (no section header: the caller writes it).
 
     With a *width*, the table keeps its essential columns and shortened test ids so that every
     line fits, and long lines wrap with indentation; ``full=True`` keeps every column.
     """
-    lines = [wrapped for line in _render_terminal(rows, unit, sweeps, width, full) for wrapped in _wrap(line, width)]
-    return lines
+    return [wrapped for line in _render_terminal(rows, unit, sweeps, width, full) for wrapped in _wrap(line, width)]
 
 
-def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Row], width: int | None,
+def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Mapping[str, Any]], width: int | None,
                      full: bool) -> list[str]:
     rows = sort_rows(rows)
     if not rows:
@@ -332,60 +460,26 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Row], widt
     headers = _headers(unit, baseline, crosscheck)
     body = [_cells(r, unit, baseline, crosscheck) for r in rows]
     if not full:
-        for cells, short in zip(body, _short_ids([r["test_id"] for r in rows])):
+        for cells, short in zip(body, _short_ids([r.test_id for r in rows])):
             cells[0] = short
         if width is not None:
             headers, body = _fit(headers, body, width)
-    lines = _table(headers, body)
+    lines = table(headers, body)
     lines.append(f"counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 1e9); "
                  "shares are of attention + FFN; deviation is the largest relative difference from the formula")
-    thresholds = threshold_lines(rows)
-    if thresholds:
-        lines += ["", "thresholds (per layer, from the formula):", *(f"  {t}" for t in thresholds)]
-    if sweeps:
-        lines += ["", "sweeps (thresholds solved exactly from the measured counts):",
-                  *(f"  {t}" for t in sweep_lines(sweeps))]
-        plotted = [path for data in sweeps for path in data.get("plots", []) if path.endswith(".png")]
+    for section in sections(rows, sweeps):
+        lines += ["", section.title + ":", *(f"  {line}" for line in section.lines)]
+        plotted = [path for paths in section.images.values() for path in paths]
         if plotted:
-            lines += [f"  plots: {len(plotted)} PNG (and SVG) in {Path(plotted[0]).parent}"]
-    unsupported = unsupported_lines(rows)
-    if unsupported:
-        lines += ["", "ops fvcore skipped (not in the counts; elementwise ops are expected here):",
-                  *(f"  {u}" for u in unsupported)]
-    cached = kv_cache_lines(rows)
-    if cached:
-        lines += ["", "KV cache of the decode steps (n = tokens already in the cache):", *(f"  {c}" for c in cached)]
-    timed = time_lines(rows)
-    if timed:
-        lines += ["", TIME_HEADER + ":", *(f"  {t}" for t in timed)]
-    warned = warning_lines(rows)
-    if warned:
-        lines += ["", WARNINGS_HEADER + ":", *(f"  {w}" for w in warned)]
-    fallbacks = [r for r in rows if r.get("fallback")]
-    if fallbacks:
-        lines += ["", "counted by the torch backend because fvcore could not trace:",
-                  *(f"  {r['test_id']} [{r['name']}]: {r['fallback']}" for r in fallbacks)]
-    checked = [r for r in rows if r.get("crosscheck") and r["crosscheck"].get("agree") is not None]
-    if checked:
-        lines += ["", "cross-check (attention_core, attention_proj, ffn must agree; other may differ):"]
-        for row in checked:
-            cross: Mapping[str, Any] = row["crosscheck"]
-            if "error" in cross:
-                lines.append(f"  {row['test_id']} [{row['name']}]: {cross['error']}")
-                continue
-            first, second = cross["backends"]
-            a, b = cross[first], cross[second]
-            lines.append(f"  {row['test_id']} [{row['name']}]: {'agree' if cross['agree'] else 'DISAGREE'}; "
-                         f"other {first} {a['other']:,} vs {second} {b['other']:,} MAC")
-    failed = [r for r in rows if r.get("problems")]
-    if failed:
-        lines += ["", "checks failed:"]
-        for row in failed:
-            lines += [f"  {row['test_id']} [{row['name']}]: {p}" for p in row["problems"]]
+            lines.append(f"  plots: {len(plotted)} PNG (and SVG) in {Path(plotted[0]).parent}")
     return lines
 
 
-def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = (),
+def _markdown_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Mapping[str, Any]] = (),
                     base: Path | None = None, link_plots: bool = True) -> str:
     """A GitHub-flavoured Markdown table, pasteable into a pull request; plots linked relative to *base*.
 
@@ -401,44 +495,20 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row
     last = len(headers) - 1
     out.append("|" + "|".join("---" if i in (0, 1, last) else "---:" for i in range(len(headers))) + "|")
     for row in rows:
-        cells = [c.replace("|", "\\|") for c in _cells(row, unit, baseline, crosscheck)]
+        cells = [_markdown_cell(c) for c in _cells(row, unit, baseline, crosscheck)]
         cells[0] = f"`{cells[0]}`"
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹)."]
-    thresholds = threshold_lines(rows)
-    if thresholds:
-        out += ["", "**Thresholds** (per layer, from the formula):", "", *(f"- {t}" for t in thresholds)]
-    if sweeps:
-        out += ["", "**Sweeps** (thresholds solved exactly from the measured counts):", ""]
-        for line, data in zip(sweep_lines(sweeps), sweeps):
+    out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹); shares are of attention "
+                "+ FFN; deviation is the largest relative difference from the formula."]
+    for section in sections(rows, sweeps):
+        out += ["", f"**{section.title[0].upper()}{section.title[1:]}:**", ""]
+        for index, line in enumerate(section.lines):
             out.append(f"- {line}")
-            for path in data.get("plots", []) if link_plots else ():
-                if path.endswith(".png"):
-                    target = Path(path)
-                    if base is not None:
-                        target = Path(os.path.relpath(target, base))
-                    out.append(f"  ![{target.stem}]({target.as_posix()})")
-    unsupported = unsupported_lines(rows)
-    if unsupported:
-        out += ["", "**Ops fvcore skipped** (not in the counts):", "", *(f"- {u}" for u in unsupported)]
-    cached = kv_cache_lines(rows)
-    if cached:
-        out += ["", "**KV cache of the decode steps** (n = tokens already in the cache):", "", *(f"- {c}" for c in cached)]
-    timed = time_lines(rows)
-    if timed:
-        out += ["", f"**{TIME_HEADER[0].upper()}{TIME_HEADER[1:]}:**", "", *(f"- {t}" for t in timed)]
-    warned = warning_lines(rows)
-    if warned:
-        out += ["", f"**{WARNINGS_HEADER[0].upper()}{WARNINGS_HEADER[1:]}:**", "", *(f"- {w}" for w in warned)]
-    fallbacks = [r for r in rows if r.get("fallback")]
-    if fallbacks:
-        out += ["", "**Counted by the torch backend** because fvcore could not trace:", "",
-                *(f"- `{r['test_id']}` {r['name']}: {r['fallback']}" for r in fallbacks)]
-    failed = [r for r in rows if r.get("problems")]
-    if failed:
-        out += ["", "**Checks failed:**", ""]
-        for row in failed:
-            out += [f"- `{row['test_id']}` {row['name']}: {p}" for p in row["problems"]]
+            for path in section.images.get(index, []) if link_plots else ():
+                target = Path(path)
+                if base is not None:
+                    target = Path(os.path.relpath(target, base))
+                out.append(f"  ![{target.stem}]({target.as_posix()})")
     return "\n".join(out) + "\n"
 
 
@@ -453,9 +523,14 @@ def versions() -> dict[str, str]:
     return found
 
 
-def render_json(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Row] = ()) -> str:
+def render_json(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Mapping[str, Any]] = ()) -> str:
     """The versioned JSON document: sorted keys and rows, fixed indentation, no NaN."""
-    document: dict[str, Any] = {"schema": SCHEMA, "unit": "MAC", "versions": versions(), "profiles": sort_rows(rows)}
+    return render_documents([row.to_dict() for row in sort_rows(rows)], sweeps)
+
+
+def render_documents(entries: Sequence[Mapping[str, Any]], sweeps: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The JSON document around rows already in their JSON form (baselines write these)."""
+    document: dict[str, Any] = {"schema": SCHEMA, "unit": "MAC", "versions": versions(), "profiles": list(entries)}
     if sweeps:
         document["sweeps"] = [{k: v for k, v in s.items() if k != "profiles"} for s in sweeps]
     return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"

@@ -188,18 +188,20 @@ class Profile:
             raise AssertionError(
                 f"{self.name}: no formula to compare with (unknown shape); pass spec=ModelSpec(...) to profile()"
             )
-        rows = [f"{'part':<16}{'measured':>20}{'formula':>20}{'deviation':>11}"]
+        from .reporting import table
+
+        body = []
         bad = False
         for part in COMPONENTS:
             got, want = getattr(self, part), getattr(expected, part)
             dev = relative_deviation(got, want)
             bad |= dev > rtol
-            mark = "  <-" if dev > rtol else ""
-            rows.append(f"{part:<16}{got:>20,}{want:>20,}{dev:>10.2%}{mark}")
+            body.append([part, f"{got:,}", f"{want:,}", f"{dev:.2%}", "<-" if dev > rtol else ""])
         if bad:
             step = f" (decode step of {self.new_tokens or 1})" if self.mode == "decode" else ""
             header = f"{self.name} at n={self.n}{step}, batch={self.batch} deviates from the formula by more than {rtol:.2%} (MACs):"
-            raise AssertionError("\n".join([header, *rows]))
+            raise AssertionError("\n".join([header, *table(["part", "measured", "formula", "deviation", ""], body,
+                                                           right=(1, 2, 3), rule=False)]))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe builtins only: the same dict feeds xdist, reports and baselines."""

@@ -23,7 +23,7 @@ def row(test_id="t.py::test_a", name="BertModel", n=512, batch=1, core=100, proj
 
 
 def write(path, *rows):
-    path.write_text(reporting.render_json(list(rows)))
+    path.write_text(reporting.render_documents(list(rows)))
     return str(path)
 
 
@@ -50,10 +50,12 @@ def test_a_subcommand_after_formula_options_says_where_it_goes(capsys):
 
 
 def test_one_table_formatter():
-    # the formula, decode, compare and profile tables all come from reporting.table
-    assert reporting._table is reporting.table
-    source = inspect.getsource(cli)
-    assert "rjust" not in source and "ljust" not in source
+    # the report, the formula, decode, compare and profile tables and check_formula's all come from reporting.table
+    from pytest_attncost.result import Profile
+
+    for source in (inspect.getsource(cli), inspect.getsource(Profile.check_formula),
+                   inspect.getsource(reporting.render_terminal), inspect.getsource(reporting.module_table)):
+        assert "rjust" not in source and "ljust" not in source and ":<" not in source and ":>" not in source
     lines = reporting.table(["n", "cost"], [["1", "10"], ["100", "1,000"]], right=range(2), rule=False)
     assert lines == ["  n   cost", "  1     10", "100  1,000"]
     assert reporting.table(["test", "model", "n", "verdict"], [["a", "b", "1", "ok"]])[1] == "----  -----  -  -------"

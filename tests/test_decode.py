@@ -1,5 +1,6 @@
 """Decode steps against a KV cache, the decode formulas, whole generations and KV-cache bytes (issue 16)."""
 
+import dataclasses
 import json
 import time
 
@@ -231,12 +232,12 @@ def test_user_cache_is_left_alone():
 def test_marker_kv_cache_max():
     bounds = parse_marker_kwargs((), {"n": 4096, "mode": "decode", "kv_cache_max": "1 GiB"})
     assert bounds.kv_cache_max == 2**30 and bounds.mode == "decode"
-    data = {"n": 4096, "batch": 1, "attention_share": 0.5, "quadratic_share": 0.1, "spec": None,
-            "kv_cache_bytes": 2**31, "new_tokens": 1}
+    data = Profile(name="step", n=4096, batch=1, attention_core=10, attention_proj=40, ffn=50, other=0, layers=1,
+                   mode="decode", new_tokens=1, kv_cache_bytes=2**31)
     (problem,) = check_bounds(bounds, data)
     assert "kv_cache_bytes 2 GiB > kv_cache_max 1 GiB" in problem and "2,147,483,648" in problem
     assert check_bounds(parse_marker_kwargs((), {"kv_cache_max": "2 GiB"}), data) == []
-    assert "mode='decode'" in check_bounds(bounds, {**data, "kv_cache_bytes": None})[0]
+    assert "mode='decode'" in check_bounds(bounds, dataclasses.replace(data, kv_cache_bytes=None))[0]
     with pytest.raises(MarkerError, match="new_tokens"):
         parse_marker_kwargs((), {"new_tokens": 2})
     with pytest.raises(MarkerError, match="mode"):

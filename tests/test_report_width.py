@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_attncost.reporting import render_terminal
+from pytest_attncost.reporting import Row, render_terminal
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "attncost-baseline.json"
 
 
-def example_rows() -> list[dict]:
+def example_rows() -> list[Row]:
     """Every profile of the examples suite, as its committed baseline holds them."""
     rows = json.loads(EXAMPLES.read_text())["profiles"]
     assert len(rows) >= 30
-    return [{**row, "verdict": "ok", "vs_baseline": "="} for row in rows]
+    return [Row.from_dict({**row, "verdict": "ok", "vs_baseline": "="}) for row in rows]
 
 
 @pytest.mark.parametrize("width", [80, 100, 120, 200])
@@ -35,7 +35,7 @@ def test_full_keeps_every_column_and_id() -> None:
     rows = example_rows()
     lines = render_terminal(rows, full=True)
     assert "quad share" in lines[0] and "lin. saving" in lines[0] and "other [MAC]" in lines[0]
-    assert all(row["test_id"] in "\n".join(lines) for row in rows)
+    assert all(row.test_id in "\n".join(lines) for row in rows)
 
 
 def test_pytest_terminal_width_is_used(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,470 @@
+"""The session side: stash keys, marker reading, checks that make rows, baselines, xdist, files.
+
+Everything here runs inside a pytest session but holds no hook of the test protocol itself
+(those are in :mod:`pytest_attncost.plugin`). Profiles travel as typed
+:class:`~pytest_attncost.reporting.Row` objects; they become JSON only in ``user_properties``
+(xdist ships them, ``--junitxml`` shows them) and in the files written at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .markers import NO_PROFILE, NO_SWEEP, Bounds, MarkerError, check_bounds, check_sweep, merged_kwargs, \
+    parse_marker_kwargs
+from .reporting import Row, RowKey, append_once, render_json, render_markdown, render_terminal, row_key, write_atomic
+
+if TYPE_CHECKING:
+    from .result import Profile
+    from .settings import Settings
+    from .sweep import Sweep
+
+SETTINGS_KEY = pytest.StashKey["Settings"]()
+BOUNDS_KEY = pytest.StashKey[Bounds]()
+PROFILES_KEY = pytest.StashKey["list[Profile]"]()
+SWEEPS_KEY = pytest.StashKey[list["Sweep"]]()
+CROSSCHECK_KEY = pytest.StashKey[dict[int, Any]]()
+BASELINE_KEY = pytest.StashKey["Baselines"]()
+CHECKED_KEY = pytest.StashKey[list[str]]()
+TIMINGS_KEY = pytest.StashKey[list[Any]]()
+PROPERTIES_KEY = pytest.StashKey[list[tuple[str, object]]]()
+CACHE_WAS_KEY = pytest.StashKey[bool]()
+
+USER_PROPERTY = "attncost"
+SWEEP_PROPERTY = "attncost_sweep"
+LENGTH_ARG = "attncost_n"
+
+CHECKS_FAILED = "attncost checks failed"
+FALLBACK_MESSAGE = "counted by the torch backend because fvcore could not trace the model ({reason}) (--attncost-strict)"
+CROSSCHECK_MESSAGE = "backends disagree on {part}: {first} {a:,} vs {second} {b:,} MAC (formula {formula})"
+
+
+def _crosscheck(result: Profile, second: Any) -> tuple[dict[str, Any], list[str]]:
+    """Compare the two backends' parts; every disagreement is one message."""
+    if isinstance(second, str):
+        other = "torch" if result.backend == "fvcore" else "fvcore"
+        return ({"agree": False, "backends": [result.backend, other], "error": second},
+                [f"cross-check: the {other} backend could not count the model: {second}"])
+    formula = result.formula
+    parts = ("attention_core", "attention_proj", "ffn")
+    problems = []
+    for part in parts:
+        a, b = getattr(result, part), getattr(second, part)
+        if a != b:
+            expected = f"{getattr(formula, part):,}" if formula is not None else "n/a"
+            problems.append(CROSSCHECK_MESSAGE.format(part=part, first=result.backend, a=a, second=second.backend,
+                                                      b=b, formula=expected))
+    data = {"agree": not problems, "backends": [result.backend, second.backend],
+            result.backend: {p: getattr(result, p) for p in (*parts, "other")},
+            second.backend: {p: getattr(second, p) for p in (*parts, "other")}}
+    return data, problems
+
+
+STRICT_MESSAGE = "fvcore skipped {ops}: these ops multiply matrices, so the count is short (--attncost-strict)"
+WARNING_MESSAGE = "the split cannot be trusted: {warning} (--attncost-strict)"
+DUPLICATE_KEY = ("two profiles named {name!r} at n={n}, batch={batch} in one test: the baseline cannot tell them "
+                 "apart; give each a distinct name=, e.g. attncost.profile(model, name='{name}-small')")
+
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # pytest-xdist worker; no xdist import needed
+
+
+# --- the marker as it stands ----------------------------------------------------------
+
+
+def parse_marker(node: Any) -> Bounds | None:
+    marks = list(node.iter_markers("attncost"))
+    if not marks:
+        return None
+    args, kwargs = merged_kwargs(marks)
+    return parse_marker_kwargs(args, kwargs)
+
+
+def current_bounds(item: pytest.Item) -> Bounds | None:
+    """The marker as it stands now: request.applymarker() may have added one after setup."""
+    try:
+        bounds = parse_marker(item)
+    except MarkerError:
+        return item.stash.get(BOUNDS_KEY, None)
+    if bounds is not None:
+        item.stash[BOUNDS_KEY] = bounds
+    return bounds
+
+
+
+
+# --- checks after the call: a Row per profile ---------------------------------------------
+
+
+def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str]]:
+    """A :class:`Row` per profile the test made, and every problem its checks found."""
+    from .baseline import compare
+
+    bounds = item.stash.get(BOUNDS_KEY, None)
+    baseline = item.config.stash[BASELINE_KEY].compare
+    allowed = bounds.max_increase if bounds is not None and bounds.max_increase is not None else settings.max_increase
+    rows: list[Row] = []
+    problems: list[str] = []
+    keys_seen: set[RowKey] = set()
+    profiles = item.stash.get(PROFILES_KEY, [])
+    timings = {id(t.profile): t for t in item.stash.get(TIMINGS_KEY, [])}
+    for result in profiles:
+        found = check_bounds(bounds, result, settings.unit) if bounds is not None else []
+        if settings.strict and result.skipped_matmul_ops:
+            ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
+            found.append(STRICT_MESSAGE.format(ops=ops))
+        if settings.strict and result.fallback:
+            found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
+        if settings.strict:
+            found += [WARNING_MESSAGE.format(warning=warning) for warning in result.warnings]
+        crosscheck = None
+        second = item.stash.get(CROSSCHECK_KEY, {}).get(id(result))
+        if second is not None:
+            crosscheck, disagreements = _crosscheck(result, second)
+            found += disagreements
+        key = row_key(item.nodeid, result.name, result.n, result.batch, result.mode, result.causal, result.backend)
+        if settings.save_path is not None or baseline is not None:
+            if key in keys_seen:
+                found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
+            keys_seen.add(key)
+        vs_baseline = None
+        if baseline is not None:
+            entry = baseline.get(key)
+            if entry is None:
+                vs_baseline = "new"
+            else:
+                regressions, vs_baseline = compare(entry, result, allowed)
+                found += [str(r) for r in regressions]
+        checked = (bounds is not None and bounds.has_bounds) or vs_baseline not in (None, "new")
+        timing = timings.get(id(result))
+        rows.append(Row(item.nodeid, result, tuple(found), "FAIL" if found else ("ok" if checked else "-"),
+                        vs_baseline=vs_baseline, crosscheck=crosscheck,
+                        timing=timing.to_dict() if timing is not None else None))
+        prefix = f"{result.name}: " if len(profiles) > 1 else ""
+        problems += [prefix + p for p in found]
+    return rows, problems
+
+
+class AttncostCheckError(AssertionError):
+    """Broken bounds (or baseline regressions, cross-checks, strict mode) after a test body ran.
+
+    Raised in the call phase, like an assertion in the body, so that ``xfail``, ``skip`` and
+    unittest's ``expectedFailure`` treat it as they would treat the test's own failure.
+    """
+
+
+def failure_text(problems: list[str]) -> str:
+    """The failure, first problem on the header line (pytest's short summary shows that line)."""
+    if problems == [NO_PROFILE]:
+        return f"@pytest.mark.attncost: {NO_PROFILE}"
+    headline = f"attncost: {problems[0]}"
+    if len(problems) == 1:
+        return headline
+    return "\n".join([headline, f"{CHECKS_FAILED} ({len(problems)}):", *(f"  {p}" for p in problems)])
+
+
+def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
+    """Make the item's rows (kept for the report) and return what its bounds, baseline and modes reject.
+
+    When the body did not pass (it failed, skipped or xfailed), its profiles are reported but not
+    judged: the test's own outcome stands, as it would for an assertion after the failing line.
+    """
+    if CHECKED_KEY in item.stash:
+        return item.stash[CHECKED_KEY]
+    problems: list[str] = []
+    properties: list[tuple[str, object]] = []
+    bounds = current_bounds(item)
+    if PROFILES_KEY in item.stash or bounds is not None:
+        rows, problems = rows_for(item, item.config.stash[SETTINGS_KEY])
+        if bounds is not None and body_passed:
+            from .timing import TIME_BOUNDS, check_time_bounds
+
+            wanted = {key: getattr(bounds, key) for key in TIME_BOUNDS}
+            timed = check_time_bounds(item.stash.get(TIMINGS_KEY, []), wanted)
+            problems += timed
+            if timed:
+                rows = [row.replace(problems=(*row.problems, *timed), verdict="FAIL") for row in rows]
+        if not body_passed:
+            problems = []
+            rows = [row.replace(problems=(), verdict="-") for row in rows]
+        # JSON strings, so --junitxml shows JSON and xdist ships plain text
+        properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
+        sweeps = item.stash.get(SWEEPS_KEY, [])
+        for made in sweeps:
+            data = made.to_dict()
+            data["test_id"] = item.nodeid
+            found = check_sweep(bounds, data) if bounds is not None else []
+            data["problems"] = found
+            problems += found
+            properties.append((SWEEP_PROPERTY, json.dumps(data, sort_keys=True, allow_nan=False)))
+        if not body_passed:
+            problems = []
+        elif bounds is not None and not rows:
+            problems = [NO_PROFILE]
+        elif bounds is not None and bounds.has_sweep_bounds and not sweeps:
+            problems.append(NO_SWEEP)
+    item.stash[PROPERTIES_KEY] = properties
+    item.stash[CHECKED_KEY] = problems
+    return problems
+
+
+# --- baselines and xdist -------------------------------------------------------------
+
+
+@dataclass
+class Baselines:
+    """The --attncost-compare baseline and the --attncost-save file's current entries."""
+
+    compare: dict[RowKey, dict[str, Any]] | None = None
+    compare_versions: dict[str, str] | None = None
+    existing: dict[RowKey, dict[str, Any]] | None = None
+
+
+def load_baselines(config: pytest.Config, settings: Settings) -> Baselines:
+    """Controller: read and validate once; workers get the compare entries through workerinput."""
+    from .baseline import BaselineError, entry_key, load
+
+    if is_worker(config):
+        shipped = config.workerinput.get("attncost_baseline")  # type: ignore[attr-defined]
+        if shipped is None:
+            return Baselines()
+        return Baselines(compare={entry_key(row): row for row in shipped})
+    result = Baselines()
+    try:
+        if settings.compare_path is not None:
+            result.compare, result.compare_versions = load(settings.compare_path)
+        if settings.save_path is not None and settings.save_path.exists():
+            result.existing, _ = load(settings.save_path)
+    except BaselineError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return result
+
+
+class XdistHooks:
+    def pytest_configure_node(self, node: Any) -> None:
+        """Controller: hand each worker the baseline it already validated."""
+        baselines = node.config.stash[BASELINE_KEY]
+        if baselines.compare is not None:
+            node.workerinput["attncost_baseline"] = list(baselines.compare.values())
+
+
+# --- session -----------------------------------------------------------------------------
+
+
+def _ours(value: object) -> dict[str, Any] | None:
+    """A row or sweep this plugin recorded (a JSON object with its test id), else None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, dict) and isinstance(value.get("test_id"), str) and isinstance(value.get("name"), str):
+        return value
+    return None
+
+
+FILE_ERROR = "attncost: could not write the {what} ({path}): {reason}; the other reports were written"
+PRUNE_SKIPPED = ("attncost: --attncost-save-prune pruned nothing: {why}; entries of tests this run did not see "
+                 "were kept (prune after a complete run)")
+
+
+class AttncostSession:
+    """Per-run state on the controller (or the only process): rows for reports and files."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.settings = config.stash[SETTINGS_KEY]
+        self.rows: dict[tuple[str, int], Row] = {}
+        self.sweeps: dict[tuple[str, int], dict[str, Any]] = {}
+        self.outcomes: dict[str, str] = {}
+        self.collected = 0
+        self.incomplete: list[str] = []  # why this run did not see the whole suite
+        self.file_errors: list[str] = []  # files that could not be written after the tests
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Collection of one file or directory: an error means part of the suite is unseen."""
+        if report.failed:
+            self.incomplete.append(f"a collection error in {report.nodeid or 'the session'}")
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """-k / -m / --lf and the like deselect tests: their entries must not be pruned."""
+        if items:
+            self.incomplete.append(f"{len(items)} test(s) deselected (-k, -m, --lf, ...)")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """After collection: how many tests this run means to run."""
+        self.collected = len(session.items)
+
+    def _prune_blocker(self, session: pytest.Session) -> str | None:
+        """Why pruning would drop entries of tests this run did not see, or None for a complete run."""
+        reasons = list(self.incomplete)
+        option = self.config.option
+        if getattr(option, "collectonly", False):
+            reasons.append("--collect-only ran no test")
+        if getattr(option, "lf", False):
+            reasons.append("--lf runs only the last failures")
+        if session.shouldstop or session.shouldfail:
+            reasons.append(f"the run stopped early ({session.shouldstop or session.shouldfail})")
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+            reasons.append("the run was interrupted")
+        ran = sum(1 for outcome in self.outcomes.values())
+        if not reasons and ran < self.collected:
+            reasons.append(f"only {ran} of {self.collected} collected tests ran")
+        return "; ".join(dict.fromkeys(reasons)) if reasons else None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Each test phase, on the controller too under xdist: collect outcomes and profiles."""
+        previous = self.outcomes.get(report.nodeid, "passed")
+        if report.failed:
+            self.outcomes[report.nodeid] = "failed" if report.when == "call" else "error"
+        elif report.skipped and previous == "passed":
+            self.outcomes[report.nodeid] = "skipped"
+        else:
+            self.outcomes.setdefault(report.nodeid, "passed")
+        if report.when != "teardown":
+            return
+        index = 0
+        for key, value in report.user_properties:
+            if key in (USER_PROPERTY, SWEEP_PROPERTY):
+                data = _ours(value)
+                if data is None:  # a user's own record_property("attncost", ...) is theirs
+                    pass
+                elif key == USER_PROPERTY:
+                    self.rows[(report.nodeid, index)] = Row.from_dict(data)
+                else:
+                    self.sweeps[(report.nodeid, index)] = data
+            index += 1
+
+    def final_sweeps(self) -> list[dict[str, Any]]:
+        return sorted(self.sweeps.values(), key=lambda s: (s["test_id"], s["name"], s["lengths"]))
+
+    def final_rows(self) -> list[Row]:
+        return [row.replace(outcome=self.outcomes.get(nodeid, "passed")) for (nodeid, _), row in self.rows.items()]
+
+    def missing(self) -> list[RowKey]:
+        """Baseline entries that no profile of this run matched."""
+        compared = self.config.stash[BASELINE_KEY].compare
+        if compared is None:
+            return []
+        seen = {row.key for row in self.rows.values()}
+        return sorted(key for key in compared if key not in seen)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """End of the run, before the summary: save the baseline, write the report files (controller only).
+
+        The baseline and the reports come first; plots and the step summary after, and a file that
+        cannot be written is reported (and fails the run) without costing the others.
+        """
+        if is_worker(self.config):
+            return
+        rows = self.final_rows()
+        sweeps = self.final_sweeps()
+        unit = self.settings.unit
+        if self.settings.save_path is not None:
+            self._save(session, rows)
+        if self.settings.compare_strict and self.missing() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.settings.plot_dir is not None and sweeps:
+            self._write("plots", self.settings.plot_dir, lambda: self._plot(sweeps, unit))
+        if self.settings.json_path is not None:
+            self._write("json", self.settings.json_path,
+                        lambda: write_atomic(self.settings.json_path, render_json(rows, unit, sweeps)))  # type: ignore[arg-type]
+        markdown = None
+        if self.settings.markdown_path is not None:
+            markdown = render_markdown(rows, unit, sweeps, self.settings.markdown_path.parent)
+            self._write("markdown", self.settings.markdown_path,
+                        lambda: write_atomic(self.settings.markdown_path, markdown))  # type: ignore[arg-type]
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary and (self.settings.report or self.settings.markdown_path is not None):
+            text = render_markdown(rows, unit, sweeps, link_plots=False)
+            self._write("GITHUB_STEP_SUMMARY", Path(summary), lambda: append_once(Path(summary), text))
+        if self.file_errors and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write(self, what: str, path: Path, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except OSError as exc:
+            self.file_errors.append(FILE_ERROR.format(what=what, path=path, reason=exc.strerror or exc))
+
+    def _plot(self, sweeps: list[dict[str, Any]], unit: str) -> None:
+        from .plots import plot_sweep, stem_for
+
+        assert self.settings.plot_dir is not None
+        self.settings.plot_dir.mkdir(exist_ok=True)
+        for data in sweeps:
+            paths = plot_sweep(data, self.settings.plot_dir, stem_for(data["test_id"], data["name"]), unit)
+            data["plots"] = [str(path) for path in paths]
+
+    def _save(self, session: pytest.Session, rows: list[Row]) -> None:
+        from .baseline import BaselineError, save
+
+        keep: set[str] | None = None
+        if self.settings.save_prune:
+            blocker = self._prune_blocker(session)
+            if blocker is None:
+                keep = set(self.outcomes)
+            else:
+                self.file_errors.append(PRUNE_SKIPPED.format(why=blocker))
+        path = self.settings.save_path
+        assert path is not None
+        try:
+            save(path, rows, keep)
+        except BaselineError as exc:
+            self.file_errors.append(f"attncost: the baseline was not saved: {exc}")
+        except OSError as exc:
+            self.file_errors.append(FILE_ERROR.format(what="baseline", path=path, reason=exc.strerror or exc))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """End of the run: baseline notes, then the table when asked for."""
+        if is_worker(self.config):
+            return
+        self._baseline_summary(terminalreporter)
+        unit = self.settings.unit
+        for line in self.file_errors:
+            terminalreporter.write_line(line, red=not line.startswith(PRUNE_SKIPPED[:30]))
+        if not self.settings.report:
+            return
+        terminalreporter.write_sep("=", f"attncost report (counts in {unit.upper()})")
+        width = None if self.settings.report_full else self.config.get_terminal_writer().fullwidth
+        for line in render_terminal(self.final_rows(), unit, self.final_sweeps(), width=width,
+                                    full=self.settings.report_full):
+            terminalreporter.write_line(line)
+        failed = " ".join(self.file_errors)
+        for label, path in (("json", self.settings.json_path), ("markdown", self.settings.markdown_path)):
+            if path is not None and str(path) not in failed:
+                terminalreporter.write_line(f"attncost {label} written to {path}")
+
+    def _baseline_summary(self, terminalreporter: Any) -> None:
+        baselines = self.config.stash[BASELINE_KEY]
+        if baselines.compare is None:
+            return
+        from .reporting import versions
+
+        lines = []
+        now = versions()
+        drift = [f"{name} {old} -> {now.get(name, 'absent')}" for name, old in sorted((baselines.compare_versions or {}).items())
+                 if name in ("torch", "fvcore", "pytest-attncost") and now.get(name) != old]
+        if drift:
+            lines.append(f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ")
+        new = sorted({(r.test_id, r.profile.name, r.profile.n, r.profile.batch) for r in self.rows.values()
+                      if r.vs_baseline == "new"})
+        lines += [f"new (not in the baseline): {t} [{name} n={n} batch={b}]" for t, name, n, b in new]
+        missing = self.missing()
+        strict = " (fails the run: --attncost-compare-strict)" if self.settings.compare_strict else ""
+        lines += [f"missing (in the baseline, not seen in this run){strict}: {t} [{name} n={n} batch={b}]"
+                  for t, name, n, b, *_ in missing]
+        if lines:
+            terminalreporter.write_sep("-", f"attncost baseline {self.settings.compare_path}")
+            for line in lines:
+                terminalreporter.write_line(line)

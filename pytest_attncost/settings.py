@@ -1,0 +1,247 @@
+"""Options and their ini twins, resolved once into :class:`Settings` (command line, then ini, then default)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .units import UNITS
+
+__all__ = ["BACKENDS", "Settings", "add_options"]
+
+_REPORT_HELP = "Print the attncost table (one row per profile) at the end of the session."
+_REPORT_FULL_HELP = ("Print the attncost table with every column and full test ids, whatever the terminal's width "
+                     "(the default table fits the terminal).")
+_UNIT_HELP = "Unit of the counts in reports: mac (default) or flop (1 MAC = 2 FLOP)."
+_STRICT_HELP = ("Fail a test whose profile skipped a matrix-multiplying op, fell back to the torch backend, "
+                "or carries a warning (a split that cannot be trusted).")
+_JSON_HELP = "Write every profile of the session to this JSON file (versioned schema)."
+_MARKDOWN_HELP = "Write the report as a Markdown table to this file."
+_SAVE_HELP = "Save every profile of the run to this JSON baseline (merged with what it holds)."
+_PRUNE_HELP = "With --attncost-save: drop baseline entries of tests this run did not see."
+_COMPARE_HELP = "Compare every profile with this JSON baseline; a regression fails its test."
+_INCREASE_HELP = "Allowed growth over the baseline, in percent (default 0: any increase fails)."
+_COMPARE_STRICT_HELP = "Fail the session when baseline entries were not seen in this run."
+_BACKEND_HELP = "Default counter: fvcore (jit trace, default) or torch (FlopCounterMode on fake tensors)."
+_CROSSCHECK_HELP = "Count every profile with both backends; fail a test whose counts disagree."
+_PLOT_HELP = "Write PNG and SVG plots of every attncost.sweep() to this directory (needs matplotlib)."
+_NO_CACHE_HELP = ("Count every profile afresh instead of reusing an identical earlier one "
+                  "(the cache cannot see globals or functions patched in other modules).")
+_CACHE_INI_HELP = "Reuse the profile of an identical earlier call in the session (default true)."
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Options resolved once: command line, then ini, then default."""
+
+    report: bool = False
+    unit: str = "mac"
+    strict: bool = False
+    report_full: bool = False
+    json_path: Path | None = None
+    markdown_path: Path | None = None
+    save_path: Path | None = None
+    save_prune: bool = False
+    compare_path: Path | None = None
+    max_increase: float = 0.0
+    compare_strict: bool = False
+    plot_dir: Path | None = None
+    backend: str = "fvcore"
+    crosscheck: bool = False
+    cache: bool = True
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        def flag(option: str, ini: str) -> bool:
+            value = config.getoption(option)
+            return _ini_bool(config, ini) if value is None else bool(value)
+
+        unit = config.getoption("attncost_unit")
+        if unit is None:
+            unit = str(config.getini("attncost_unit")).strip().lower() or "mac"
+            if unit not in UNITS:
+                raise pytest.UsageError(
+                    f"attncost_unit = {unit!r} in the ini file: expected one of {', '.join(UNITS)}"
+                )
+        json_path = _report_path(config, "attncost_json", "--attncost-json")
+        markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown")
+        save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save")
+        compare_path = _path_value(config, "attncost_compare", "attncost_compare")
+        named = {"--attncost-json": json_path, "--attncost-markdown": markdown_path,
+                 "--attncost-save": save_path, "--attncost-compare": compare_path}
+        seen: dict[Path, str] = {}
+        for option, path in named.items():
+            if path is None:
+                continue
+            if path in seen:
+                raise pytest.UsageError(
+                    f"{seen[path]} and {option} name the same file {path}: give them different paths"
+                )
+            seen[path] = option
+        raw_increase = config.getoption("attncost_max_increase")
+        if raw_increase is None:
+            text = str(config.getini("attncost_max_increase")).strip() or "0"
+            try:
+                raw_increase = _percent(text)
+            except ValueError:
+                raise pytest.UsageError(
+                    f"attncost_max_increase = {text!r} in the ini file: expected a percentage such as 2.5"
+                ) from None
+        plot_dir = _path_value(config, "attncost_plot", None)
+        if plot_dir is not None:
+            if plot_dir.exists() and not plot_dir.is_dir():
+                raise pytest.UsageError(f"--attncost-plot={plot_dir}: is a file; give a directory")
+            if not plot_dir.parent.is_dir():
+                raise pytest.UsageError(
+                    f"--attncost-plot={plot_dir}: directory {plot_dir.parent} does not exist; create it first"
+                )
+            where = plot_dir if plot_dir.exists() else plot_dir.parent
+            if not os.access(where, os.W_OK | os.X_OK):
+                raise pytest.UsageError(f"--attncost-plot={plot_dir}: directory {where} is not writable")
+            from .plots import require_matplotlib
+
+            try:
+                require_matplotlib()
+            except ImportError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        if config.getoption("attncost_save_prune") and save_path is None:
+            raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
+        if save_path is not None:
+            from .baseline import writable
+
+            problem = writable(save_path)
+            if problem is not None:
+                raise pytest.UsageError(f"--attncost-save={save_path}: {problem}")
+        full = bool(config.getoption("attncost_report_full"))
+        return cls(
+            report=full or flag("attncost_report", "attncost_report"),
+            report_full=full,
+            unit=unit,
+            strict=flag("attncost_strict", "attncost_strict"),
+            json_path=json_path,
+            markdown_path=markdown_path,
+            save_path=save_path,
+            save_prune=bool(config.getoption("attncost_save_prune")),
+            compare_path=compare_path,
+            max_increase=raw_increase,
+            compare_strict=flag("attncost_compare_strict", "attncost_compare_strict"),
+            plot_dir=plot_dir,
+            backend=_backend(config),
+            crosscheck=flag("attncost_crosscheck", "attncost_crosscheck"),
+            cache=_ini_bool(config, "attncost_cache") if config.getoption("attncost_no_cache") is None else False,
+        )
+
+
+def _ini_bool(config: pytest.Config, ini: str) -> bool:
+    """A boolean ini value; a value pytest cannot read is a usage error naming the key."""
+    try:
+        return bool(config.getini(ini))
+    except (ValueError, pytest.UsageError) as exc:  # pytest's message ("invalid truth value 'maybe'") names no key
+        raise pytest.UsageError(f"{ini} in the ini file: {exc}; expected true or false") from None
+
+
+def _path_value(config: pytest.Config, dest: str, ini: str | None) -> Path | None:
+    value = config.getoption(dest)
+    if not value and ini is not None:
+        value = str(config.getini(ini)).strip()
+        if value:
+            return Path(config.rootpath) / value if not Path(value).is_absolute() else Path(value)
+    if not value:
+        return None
+    path = Path(value)
+    return path if path.is_absolute() else Path(config.invocation_params.dir) / path
+
+
+def _percent(text: str) -> float:
+    value = float(text.strip().rstrip("%"))
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _percent_arg(text: str) -> float:
+    try:
+        return _percent(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}") from None
+
+
+def _report_path(config: pytest.Config, dest: str, option: str, ini: str | None = None) -> Path | None:
+    """A report path, checked before any test runs: a lost report after a long run helps no one."""
+    path = _path_value(config, dest, ini)
+    if path is None:
+        return None
+    value = config.getoption(dest) or str(path)
+    if path.is_dir():
+        raise pytest.UsageError(f"{option}={value}: is a directory; give a file path such as {value}/attncost.json")
+    parent = path.parent
+    if not parent.exists():
+        raise pytest.UsageError(f"{option}={value}: directory {parent} does not exist; create it first")
+    if not parent.is_dir():
+        raise pytest.UsageError(f"{option}={value}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise pytest.UsageError(f"{option}={value}: directory {parent} is not writable")
+    return path
+
+
+BACKENDS = ("fvcore", "torch")
+
+
+def _backend(config: pytest.Config) -> str:
+    value = config.getoption("attncost_backend")
+    if value is not None:
+        return str(value)
+    text = str(config.getini("attncost_backend")).strip().lower() or "fvcore"
+    if text not in BACKENDS:
+        raise pytest.UsageError(f"attncost_backend = {text!r} in the ini file: expected one of {', '.join(BACKENDS)}")
+    return text
+
+
+def _backend_arg(value: str) -> str:
+    backend = value.strip().lower()
+    if backend not in BACKENDS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(BACKENDS)}, got {value!r}")
+    return backend
+
+
+def _unit_arg(value: str) -> str:
+    unit = value.strip().lower()
+    if unit not in UNITS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(UNITS)}, got {value!r}")
+    return unit
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register the --attncost-* options and their ini twins (plugin.pytest_addoption)."""
+    group = parser.getgroup("attncost", "attention cost budgets (pytest-attncost)")
+    # default=None, not False: "not given" must be told apart so the ini twin is consulted.
+    group.addoption("--attncost-report", action="store_true", default=None, help=_REPORT_HELP)
+    group.addoption("--attncost-unit", metavar="UNIT", type=_unit_arg, default=None, help=_UNIT_HELP)
+    group.addoption("--attncost-report-full", action="store_true", default=False, help=_REPORT_FULL_HELP)
+    group.addoption("--attncost-strict", action="store_true", default=None, help=_STRICT_HELP)
+    group.addoption("--attncost-json", metavar="PATH", default=None, help=_JSON_HELP)
+    group.addoption("--attncost-markdown", metavar="PATH", default=None, help=_MARKDOWN_HELP)
+    group.addoption("--attncost-save", metavar="PATH", default=None, help=_SAVE_HELP)
+    group.addoption("--attncost-save-prune", action="store_true", default=False, help=_PRUNE_HELP)
+    group.addoption("--attncost-compare", metavar="PATH", default=None, help=_COMPARE_HELP)
+    group.addoption("--attncost-max-increase", metavar="PCT", type=_percent_arg, default=None, help=_INCREASE_HELP)
+    group.addoption("--attncost-compare-strict", action="store_true", default=None, help=_COMPARE_STRICT_HELP)
+    group.addoption("--attncost-plot", metavar="DIR", default=None, help=_PLOT_HELP)
+    group.addoption("--attncost-backend", metavar="NAME", type=_backend_arg, default=None, help=_BACKEND_HELP)
+    group.addoption("--attncost-crosscheck", action="store_true", default=None, help=_CROSSCHECK_HELP)
+    group.addoption("--attncost-no-cache", action="store_true", default=None, help=_NO_CACHE_HELP)
+    parser.addini("attncost_cache", _CACHE_INI_HELP, type="bool", default=True)
+    parser.addini("attncost_backend", _BACKEND_HELP, default="fvcore")
+    parser.addini("attncost_crosscheck", _CROSSCHECK_HELP, type="bool", default=False)
+    parser.addini("attncost_report", _REPORT_HELP, type="bool", default=False)
+    parser.addini("attncost_save", _SAVE_HELP, default="")
+    parser.addini("attncost_compare", _COMPARE_HELP, default="")
+    parser.addini("attncost_max_increase", _INCREASE_HELP, default="0")
+    parser.addini("attncost_compare_strict", _COMPARE_STRICT_HELP, type="bool", default=False)
+    parser.addini("attncost_unit", _UNIT_HELP, default="mac")
+    parser.addini("attncost_strict", _STRICT_HELP, type="bool", default=False)
