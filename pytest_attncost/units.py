@@ -79,9 +79,10 @@ def format_tokens(value: float | None) -> str:
 def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True) -> str:
     """Format a MAC count with a decimal prefix and three significant digits.
 
-    ``format_count(4_026_531_840)`` is ``"4.03 GMAC"``; with ``unit="flop"`` the
-    value is doubled and labelled ``GFLOP``. ``suffix=False`` leaves the unit
-    out (for table cells under a header that names it): ``"4.03 G"``.
+    ``format_count(4_026_531_840)`` is ``"4.03G MAC"`` (the prefix belongs to the number:
+    a budget of ``"17M MAC"`` reads as 17 million MACs, and parses back); with ``unit="flop"``
+    the value is doubled and labelled ``FLOP``. ``suffix=False`` leaves the unit out (for
+    table cells under a header that names it): ``"4.03G"``.
     """
     if unit not in UNITS:
         raise UnitError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
@@ -98,7 +99,7 @@ def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True
         text = f"{float(value):.3g}"
         if "e" in text:  # 999.7 rounds to "1e+03"
             text = f"{float(value):.0f}"
-    return f"{text} {prefix}{label}".rstrip()
+    return f"{text}{prefix} {label}".rstrip()
 
 
 # --- bytes (KV-cache memory) -----------------------------------------------------------------

@@ -45,8 +45,8 @@ def test_every_violation_is_listed(project):
         "attncost checks failed (5):",
         "*attention_share 0.600 > 0.5 at n=512*",
         "*quadratic_share 0.400 > 0.3 at n=512 (formula 0.400; quadratic term dominates at n=768 = 6hd)*",
-        "*total 337 MMAC > total_max 100 MMAC at n=512 (337,199,104 > 100,000,000 MAC; formula attention+ffn 336 MMAC)*",
-        "*ffn 134 MMAC > ffn_max 1 KMAC at n=512 (134,217,728 > 1,000 MAC; formula 134 MMAC)*",
+        "*total 337M MAC > total_max 100M MAC at n=512 (337,199,104 > 100,000,000 MAC; formula attention+ffn 336M MAC)*",
+        "*ffn 134M MAC > ffn_max 1K MAC at n=512 (134,217,728 > 1,000 MAC; formula 134M MAC)*",
         "*linear_attention_saving 0.3500 > 0.1 at n=512*",
     ])
 
@@ -73,7 +73,7 @@ def test_share_min_and_count_units(project):
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines([
         "*attention_share 0.429 < 0.5 at n=128*",
-        "*total 59.1 MMAC > total_max 59.1 MMAC at n=128 (59,146,240 > 59,146,239.5 MAC*",
+        "*total 59.1M MAC > total_max 59.1M MAC at n=128 (59,146,240 > 59,146,239.5 MAC*",
     ])
 
 
@@ -220,8 +220,8 @@ def test_report_table(project):
         "*= attncost report (counts in MAC) =*",
         "test * model * n * batch * total [[]MAC[]] * attention [[]MAC[]] * FFN [[]MAC[]] * other [[]MAC[]] * attn share * quad share * deviation * lin. saving * verdict",
         # 2 layers at n=128: attention 2*(4*128*128^2 + 2*128^2*128) = 25,165,824; FFN 2*8*128*128^2 = 33,554,432
-        "test_suite.py::test_bert?n=128? * BertModel * 128 * 1 * 59.1 M * 25.2 M * 33.6 M * 426 K * 0.429 * 0.143 * 0 * 7.14% * ok",
-        "test_suite.py::test_bert?n=512? * BertModel * 512 * 1 * 337 M * 201 M * 134 M * 1.65 M * 0.600 * 0.400 * 0 * 35.00% * FAIL",
+        "test_suite.py::test_bert?n=128? * BertModel * 128 * 1 * 59.1M * 25.2M * 33.6M * 426K * 0.429 * 0.143 * 0 * 7.14% * ok",
+        "test_suite.py::test_bert?n=512? * BertModel * 512 * 1 * 337M * 201M * 134M * 1.65M * 0.600 * 0.400 * 0 * 35.00% * FAIL",
         "test_suite.py::test_encoder * encoder * 64 * 1 * * * * * * * 0 * * -",
         "thresholds (per layer, from the formula):",
         "  BertModel (hidden 128, 2 heads x 64, ffn 512, 2 layers): attention overtakes FFN at n=256 = 2hd; quadratic term dominates at n=768 = 6hd",
@@ -239,7 +239,7 @@ def test_report_in_flop_and_from_ini(project):
     result.stdout.fnmatch_lines([
         "*= attncost report (counts in FLOP) =*",
         "*total [[]FLOP[]]*",
-        "test_suite.py::test_bert?n=128? * BertModel * 128 * 1 * 118 M * 50.3 M * 67.1 M *",
+        "test_suite.py::test_bert?n=128? * BertModel * 128 * 1 * 118M * 50.3M * 67.1M *",
     ])
     assert "attncost report" not in project.runpytest("-p", "no:attncost", "-q").stdout.str()
 
@@ -281,7 +281,7 @@ def test_json_and_markdown_files(project, monkeypatch):
         "attention_share 0.600 > 0.5 at n=512 (formula 0.600; attention overtakes FFN at n=256 = 2hd)"
     ]
     markdown = (project.path / "out.md").read_text()
-    assert "| `test_suite.py::test_bert[n=512]` | BertModel | 512 | 1 | 337 M |" in markdown
+    assert "| `test_suite.py::test_bert[n=512]` | BertModel | 512 | 1 | 337M |" in markdown
     assert summary.read_text() == "earlier step\n" + markdown
 
 

@@ -142,3 +142,21 @@ def test_sweep_spec_is_the_profiles():
     result = api.sweep(tm.torch_encoder(), [16, 32])
     assert result.spec == ModelSpec(hidden=128, heads=2, head_dim=64, layers=2, ffn_dim=512)
     assert json.loads(json.dumps(result.to_dict()))["crossover_n"] == 256
+
+
+def test_count_axes_use_the_report_units_not_an_offset():
+    from matplotlib.figure import Figure
+
+    from pytest_attncost.plots import count_ticks
+
+    figure = Figure()
+    ax = figure.add_subplot()
+    ax.plot([1, 2, 3], [100_000_000, 250_000_000, 400_000_000])
+    count_ticks(ax, "mac")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure).draw()
+    labels = [tick.get_text() for tick in ax.get_yticklabels() if tick.get_text()]
+    assert labels and all(label.endswith("M") for label in labels), labels
+    assert "100M" in labels and "400M" in labels
+    assert ax.yaxis.get_offset_text().get_text() == ""  # no "1e8" above the axis

@@ -42,8 +42,8 @@ def test_parse_error_names_the_format():
 
 @pytest.mark.parametrize(
     ("macs", "unit", "text"),
-    [(4_026_531_840, "mac", "4.03 GMAC"), (4_026_531_840, "flop", "8.05 GFLOP"), (512, "mac", "512 MAC"),
-     (48_318_382_080, "mac", "48.3 GMAC"), (0, "mac", "0 MAC")],
+    [(4_026_531_840, "mac", "4.03G MAC"), (4_026_531_840, "flop", "8.05G FLOP"), (512, "mac", "512 MAC"),
+     (48_318_382_080, "mac", "48.3G MAC"), (0, "mac", "0 MAC"), (17_000_000, "mac", "17M MAC")],
 )
 def test_format(macs, unit, text):
     assert format_count(macs, unit) == text
