@@ -43,6 +43,7 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
     the report's fitting set COLUMNS themselves.
     """
     monkeypatch.setenv("COLUMNS", "300")
-    pytester.makeini("[pytest]\nconsole_output_style = classic\n")
+    # hypothesis' and anyio's plugins cost a second of imports in every subprocess run and play no part here
+    pytester.makeini("[pytest]\nconsole_output_style = classic\naddopts = -p no:hypothesispytest -p no:anyio\n")
     pytester.makepyfile(tiny_models=TINY_MODELS_SOURCE)
     return pytester

@@ -209,8 +209,15 @@ def test_regression_message():
     assert str(regression) == "ffn 1,207,959,552 → 1,509,949,440 MAC (+25.0%) over the baseline (max_increase 0%)"
 
 
-def test_xdist_gives_the_same_verdicts(suite, monkeypatch):
+# torch's own encoder under xdist: its workers need not import transformers (seconds each on 2 cores)
+XDIST_SUITE = SUITE.replace("attncost.profile(lambda: bert_like(layers=LAYERS))",
+                            "attncost.profile(lambda: torch_encoder(layers=LAYERS))")
+
+
+def test_xdist_gives_the_same_verdicts(project, monkeypatch):
     pytest.importorskip("xdist")
+    project.makepyfile(test_suite=XDIST_SUITE)
+    suite = project
     suite.runpytest("--attncost-save=base.json")
     monkeypatch.setenv("BERT_LAYERS", "3")
     serial = suite.runpytest("--attncost-compare=base.json", "--attncost-json=serial.json")

@@ -28,9 +28,9 @@ def llama_like(kv_heads=HEADS, attn_implementation="sdpa"):
                                   attn_implementation=attn_implementation))
 
 
-def torch_encoder(batch_first=True):
+def torch_encoder(batch_first=True, layers=LAYERS):
     layer = nn.TransformerEncoderLayer(HIDDEN, HEADS, FFN, batch_first=batch_first)
-    return nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
 
 class HandWrittenAttention(nn.Module):
