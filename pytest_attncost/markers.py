@@ -18,6 +18,7 @@ from .units import UnitError, format_bytes, format_count, format_tokens, parse_b
 
 if TYPE_CHECKING:
     from .result import Profile
+    from .sweep import Sweep
 
 __all__ = ["Bounds", "MarkerError", "check_bounds", "parse_marker_kwargs", "MARKER_HELP"]
 
@@ -324,16 +325,22 @@ def _exact(value: Fraction) -> str:
 NO_SWEEP = "crossover bounds need a sweep: call attncost.sweep(model, [n1, n2, ...]) in the test body"
 
 
-def check_sweep(bounds: Bounds, data: Mapping[str, Any]) -> list[str]:
-    """Every crossover bound this sweep (a ``Sweep.to_dict()``) breaks."""
+def check_sweep(bounds: Bounds, sweep: Sweep) -> list[str]:
+    """Every crossover bound *sweep* breaks."""
+    from .sweep import SweepError
+
     if not bounds.has_sweep_bounds:
         return []
-    name = data["name"]
-    if data.get("error"):
-        return [f"sweep of {name}: {data['error']}"]
-    measured, formula = data["crossover_n"], data["formula_crossover_n"]
+    name = sweep.name
+    try:
+        exact = sweep.crossover()
+    except SweepError as exc:
+        return [f"sweep of {name}: {exc}"]
+    measured = None if exact is None else float(exact)
+    expected = sweep.formula_crossover()
+    formula = None if expected is None else float(expected)
     note = "no formula" if formula is None else f"formula {format_tokens(formula)}"
-    where = f"(sweep of {name} over n={data['lengths']}; {note})"
+    where = f"(sweep of {name} over n={sweep.lengths}; {note})"
     problems = []
     if measured is None:
         if bounds.crossover_min is not None or bounds.crossover_max is not None or bounds.crossover_rtol is not None:

@@ -202,7 +202,7 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
         for made in sweeps:
             data = made.to_dict()
             data["test_id"] = item.nodeid
-            found = check_sweep(bounds, data) if bounds is not None else []
+            found = check_sweep(bounds, made) if bounds is not None else []
             data["problems"] = found
             problems += found
             properties.append((SWEEP_PROPERTY, json.dumps(data, sort_keys=True, allow_nan=False)))
