@@ -339,10 +339,13 @@ class AttncostSession:
                 data = _ours(value)
                 if data is None:  # a user's own record_property("attncost", ...) is theirs
                     pass
-                elif key == USER_PROPERTY:
-                    self.rows[(report.nodeid, index)] = Row.from_dict(data)
-                else:
+                elif key == SWEEP_PROPERTY:
                     self.sweeps[(report.nodeid, index)] = data
+                else:
+                    try:
+                        self.rows[(report.nodeid, index)] = Row.from_dict(data)
+                    except (KeyError, TypeError, ValueError):
+                        pass  # a dict of the user's that merely has a test_id and a name
             index += 1
 
     def final_sweeps(self) -> list[dict[str, Any]]:

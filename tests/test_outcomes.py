@@ -146,13 +146,16 @@ def test_a_users_own_attncost_property_does_not_break_the_session(project: pytes
         def test_dict(record_property):
             record_property("attncost", {"level": 3})
 
+        def test_look_alike(record_property):
+            record_property("attncost", {"test_id": "mine", "name": "not a profile"})
+
         @pytest.mark.attncost(n=64)
         def test_profiled(attncost):
             attncost.profile(bert_like)
     """)
     report = project.path / "report.json"
     result = project.runpytest("--attncost-report", f"--attncost-json={report}")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     assert [row["test_id"] for row in json.loads(report.read_text())["profiles"]] == [
         "test_a_users_own_attncost_property_does_not_break_the_session.py::test_profiled"]
 
