@@ -56,13 +56,16 @@ def _length_ticks(ax: Any, ns: list[int]) -> None:
     ax.minorticks_off()
 
 
-def count_ticks(ax: Any, unit: str) -> None:
-    """Counts on the y axis in the report's own units (``40G``, ``1.5T``): no ``1e8`` offset above the axis."""
+def count_ticks(ax: Any) -> None:
+    """Counts on the y axis with the report's decimal prefixes (``40G``, ``1.5T``): no ``1e8`` offset.
+
+    The values plotted are already in the report's unit (the axis label names it), so they are
+    prefixed as they are.
+    """
     from matplotlib.ticker import FuncFormatter
 
     from .units import format_count
 
-    # the values plotted are already in *unit*; format_count takes MACs, so label them as MACs
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: format_count(
         Fraction(value).limit_denominator(1000), "mac", suffix=False)))
 
@@ -110,7 +113,7 @@ def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = 
         ax.set_yscale("linear")
         ax.set_xlabel("sequence length n (tokens)")
         ax.set_ylabel(f"{unit.upper()} (whole model, batch {rows[0]['batch']}; K/M/G/T = 10^3/6/9/12)")
-        count_ticks(ax, unit)
+        count_ticks(ax)
         ax.set_title(f"{data['name']}: cost by part")
         _length_ticks(ax, ns)
         ax.legend(fontsize=8, loc="upper left")

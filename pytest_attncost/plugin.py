@@ -71,7 +71,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         cache.set_enabled(config.stash[CACHE_WAS_KEY])
 
 
-
 # --- marker ------------------------------------------------------------------------------
 
 
@@ -136,8 +135,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(f"{item.nodeid}: @pytest.mark.attncost: {problem}", pytrace=False)
     if bounds is not None:
         item.stash[BOUNDS_KEY] = bounds
-
-
 
 
 class AttncostFixture:
@@ -266,9 +263,6 @@ def attncost(request: pytest.FixtureRequest, attncost_n: int | None) -> Attncost
     return AttncostFixture(item, item.stash.get(BOUNDS_KEY, None), attncost_n)
 
 
-# --- checks after the call ---------------------------------------------------------------
-
-
 # --- the call phase: checks fail the test as an assertion would ------------------------
 
 
@@ -328,6 +322,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if report.failed and call.excinfo is not None and isinstance(call.excinfo.value, AttncostCheckError):
             report.longrepr = str(call.excinfo.value)  # the checks' own words; no plugin frames
     return report
-
-
-# --- session -----------------------------------------------------------------------------

@@ -34,10 +34,6 @@ SCHEMA = 1
 #: A row's identity: test id, profile name, n, batch, mode, causal accounting, backend.
 RowKey = tuple[str, str, int, int, str, str, str]
 
-#: The keys a row adds to ``Profile.to_dict()`` in its JSON form.
-ROW_KEYS = ("test_id", "skipped_matmul_ops", "problems", "verdict", "outcome", "vs_baseline", "crosscheck", "timing")
-
-
 def row_key(test_id: str, name: str, n: int, batch: int, mode: str | None = "forward", causal: str | None = "full",
             backend: str | None = "fvcore") -> RowKey:
     """The one identity of a row: reports sort by it, baselines are keyed by it."""
@@ -500,10 +496,20 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Map
         out.append("| " + " | ".join(cells) + " |")
     out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹); shares are of attention "
                 "+ FFN; deviation is the largest relative difference from the formula."]
+    # test ids in code spans, as in the table: ids such as test_x[<lambda>] or a__b__c stay as written
+    ids = sorted({r.test_id for r in rows} | {str(s.get("test_id", "")) for s in sweeps} - {""}, key=len,
+                 reverse=True)
+
+    def code(line: str) -> str:
+        for test_id in ids:
+            if line.startswith(test_id) and line[len(test_id):len(test_id) + 1] in (" ", ":"):
+                return f"`{test_id}`{line[len(test_id):]}"
+        return line
+
     for section in sections(rows, sweeps):
         out += ["", f"**{section.title[0].upper()}{section.title[1:]}:**", ""]
         for index, line in enumerate(section.lines):
-            out.append(f"- {line}")
+            out.append(f"- {code(line)}")
             for path in section.images.get(index, []) if link_plots else ():
                 target = Path(path)
                 if base is not None:

@@ -17,8 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .markers import NO_PROFILE, NO_SWEEP, Bounds, MarkerError, check_bounds, check_sweep, merged_kwargs, \
-    parse_marker_kwargs
+from .markers import (
+    NO_PROFILE,
+    NO_SWEEP,
+    Bounds,
+    MarkerError,
+    check_bounds,
+    check_sweep,
+    merged_kwargs,
+    parse_marker_kwargs,
+)
 from .reporting import Row, RowKey, append_once, render_json, render_markdown, render_terminal, row_key, write_atomic
 
 if TYPE_CHECKING:
@@ -73,7 +81,6 @@ DUPLICATE_KEY = ("two profiles named {name!r} at n={n}, batch={batch} in one tes
                  "apart; give each a distinct name=, e.g. attncost.profile(model, name='{name}-small')")
 
 
-
 def is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")  # pytest-xdist worker; no xdist import needed
 
@@ -98,8 +105,6 @@ def current_bounds(item: pytest.Item) -> Bounds | None:
     if bounds is not None:
         item.stash[BOUNDS_KEY] = bounds
     return bounds
-
-
 
 
 # --- checks after the call: a Row per profile ---------------------------------------------
@@ -341,11 +346,8 @@ class AttncostSession:
                     pass
                 elif key == SWEEP_PROPERTY:
                     self.sweeps[(report.nodeid, index)] = data
-                else:
-                    try:
-                        self.rows[(report.nodeid, index)] = Row.from_dict(data)
-                    except (KeyError, TypeError, ValueError):
-                        pass  # a dict of the user's that merely has a test_id and a name
+                elif "verdict" in data and "problems" in data:  # a row of ours: one that cannot be read is a bug
+                    self.rows[(report.nodeid, index)] = Row.from_dict(data)
             index += 1
 
     def final_sweeps(self) -> list[dict[str, Any]]:
@@ -365,8 +367,9 @@ class AttncostSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """End of the run, before the summary: save the baseline, write the report files (controller only).
 
-        The baseline and the reports come first; plots and the step summary after, and a file that
-        cannot be written is reported (and fails the run) without costing the others.
+        The baseline comes first; then the plots (the Markdown report links them), the JSON and
+        Markdown reports and the step summary. A file that cannot be written, or a plot matplotlib
+        cannot draw, is reported (and fails the run) without costing the others.
         """
         if is_worker(self.config):
             return
@@ -378,7 +381,7 @@ class AttncostSession:
         if self.settings.compare_strict and self.missing() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.plot_dir is not None and sweeps:
-            self._write("plots", self.settings.plot_dir, lambda: self._plot(sweeps, unit))
+            self._write("plots", self.settings.plot_dir, lambda: self._plot(sweeps, unit), errors=Exception)
         if self.settings.json_path is not None:
             self._write("json", self.settings.json_path,
                         lambda: write_atomic(self.settings.json_path, render_json(rows, unit, sweeps)))  # type: ignore[arg-type]
@@ -394,11 +397,13 @@ class AttncostSession:
         if self.file_errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def _write(self, what: str, path: Path, write: Callable[[], None]) -> None:
+    def _write(self, what: str, path: Path, write: Callable[[], None],
+               errors: type[Exception] = OSError) -> None:
         try:
             write()
-        except OSError as exc:
-            self.file_errors.append(FILE_ERROR.format(what=what, path=path, reason=exc.strerror or exc))
+        except errors as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            self.file_errors.append(FILE_ERROR.format(what=what, path=path, reason=reason))
 
     def _plot(self, sweeps: list[dict[str, Any]], unit: str) -> None:
         from .plots import plot_sweep, stem_for

@@ -220,3 +220,28 @@ def test_a_step_summary_that_cannot_be_written(suite: pytest.Pytester, monkeypat
     assert (suite.path / "report.json").exists()
     result.stdout.fnmatch_lines(["attncost: could not write the GITHUB_STEP_SUMMARY (*): *", "*attncost report*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_a_plot_matplotlib_cannot_draw_costs_no_report(project: pytest.Pytester,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    # the module the session will import (an earlier in-process run may have dropped it from sys.modules)
+    plots = importlib.import_module("pytest_attncost.plots")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no usable font")
+
+    monkeypatch.setattr(plots, "plot_sweep", broken)
+    project.makepyfile(test_plotted_sweep="""
+        from tiny_models import torch_encoder
+
+        def test_sweep(attncost):
+            attncost.sweep(torch_encoder, [16, 32, 64])
+    """)
+    result = project.runpytest("--attncost-plot=plots", "--attncost-json=report.json", "--attncost-markdown=report.md")
+    result.assert_outcomes(passed=1)
+    assert json.loads((project.path / "report.json").read_text())["sweeps"][0]["lengths"] == [16, 32, 64]
+    assert "## attncost report" in (project.path / "report.md").read_text()
+    result.stdout.fnmatch_lines(["attncost: could not write the plots (*plots): RuntimeError: no usable font; *"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED

@@ -152,7 +152,7 @@ def test_count_axes_use_the_report_units_not_an_offset():
     figure = Figure()
     ax = figure.add_subplot()
     ax.plot([1, 2, 3], [100_000_000, 250_000_000, 400_000_000])
-    count_ticks(ax, "mac")
+    count_ticks(ax)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(figure).draw()
