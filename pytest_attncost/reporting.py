@@ -24,9 +24,10 @@ from typing import Any
 from .formulas import ModelSpec
 from .markers import threshold_notes
 from .result import Profile
+from .sweep import Sweep, SweepError
 from .units import format_bytes, format_count, format_tokens
 
-__all__ = ["SCHEMA", "Row", "RowKey", "Section", "render_json", "render_markdown", "render_terminal", "row_key",
+__all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "render_markdown", "render_terminal", "row_key",
            "sections", "sort_rows", "table", "write_atomic"]
 
 SCHEMA = 1
@@ -108,6 +109,38 @@ class Row:
 def sort_rows(rows: Iterable[Row]) -> list[Row]:
     """By the row identity: serial and xdist runs print the same table."""
     return sorted(rows, key=lambda r: r.key)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One sweep in one test: the :class:`Sweep`, the crossover bounds it broke, its plots once drawn."""
+
+    test_id: str
+    sweep: Sweep
+    problems: tuple[str, ...] = ()
+    plots: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, tuple[int, ...]]:
+        return (self.test_id, self.sweep.name, tuple(self.sweep.lengths))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``Sweep.to_dict()`` (its profiles included) plus the test id, problems and plots."""
+        data = self.sweep.to_dict()
+        data["test_id"] = self.test_id
+        data["problems"] = list(self.problems)
+        if self.plots:
+            data["plots"] = list(self.plots)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SweepRow:
+        """Inverse of :meth:`to_dict`: the profiles are read back and the thresholds solved again, exactly."""
+        return cls(test_id=str(data["test_id"]), sweep=Sweep([Profile.from_dict(p) for p in data["profiles"]]),
+                   problems=tuple(data.get("problems") or ()), plots=tuple(data.get("plots") or ()))
+
+    def replace(self, **changes: Any) -> SweepRow:
+        return dataclasses.replace(self, **changes)
 
 
 _COLUMNS = (
@@ -311,25 +344,32 @@ def crosscheck_lines(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def sweep_lines(sweeps: Sequence[Mapping[str, Any]]) -> list[str]:
+def _tokens(value: Any) -> str:
+    return format_tokens(None if value is None else float(value))
+
+
+def sweep_lines(sweeps: Sequence[SweepRow]) -> list[str]:
     """One line per sweep: thresholds solved from the measurements, beside the formula's."""
     lines = []
-    for data in sweeps:
-        head = f"{data['test_id']} [{data['name']} n={data['lengths']}]"
-        if data.get("error"):
-            lines.append(f"{head}: {data['error']}")
+    for row in sweeps:
+        sweep = row.sweep
+        head = f"{row.test_id} [{sweep.name} n={sweep.lengths}]"
+        try:
+            crossover, quadratic = sweep.crossover(), sweep.quadratic_crossover()
+        except SweepError as exc:
+            lines.append(f"{head}: {exc}")
             continue
         lines.append(
-            f"{head}: attention = FFN at n={format_tokens(data['crossover_n'])} "
-            f"(formula {format_tokens(data['formula_crossover_n'])}); quadratic term = linear terms at "
-            f"n={format_tokens(data['quadratic_crossover_n'])} (formula {format_tokens(data['formula_quadratic_n'])})"
+            f"{head}: attention = FFN at n={_tokens(crossover)} (formula {_tokens(sweep.formula_crossover())}); "
+            f"quadratic term = linear terms at n={_tokens(quadratic)} "
+            f"(formula {_tokens(sweep.formula_quadratic_crossover())})"
         )
     return lines
 
 
-def sections(rows: Sequence[Row], sweeps: Sequence[Mapping[str, Any]] = ()) -> list[Section]:
+def sections(rows: Sequence[Row], sweeps: Sequence[SweepRow] = ()) -> list[Section]:
     """Everything under the table, in order; empty sections are left out. Rows must be sorted."""
-    plots = {i: [p for p in data.get("plots", []) if p.endswith(".png")] for i, data in enumerate(sweeps)}
+    plots = {i: [p for p in row.plots if p.endswith(".png")] for i, row in enumerate(sweeps)}
     found = [
         Section("thresholds (per layer, from the formula)", threshold_lines(rows)),
         Section("sweeps (thresholds solved exactly from the measured counts)", sweep_lines(sweeps),
@@ -437,7 +477,7 @@ def _wrap(line: str, width: int | None, indent: str = "    ") -> list[str]:
                          break_on_hyphens=False) or [line]
 
 
-def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Mapping[str, Any]] = (),
+def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[SweepRow] = (),
                     width: int | None = None, full: bool = False) -> list[str]:
     """The report as terminal lines (no section header: the caller writes it).
 
@@ -447,7 +487,7 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Map
     return [wrapped for line in _render_terminal(rows, unit, sweeps, width, full) for wrapped in _wrap(line, width)]
 
 
-def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[Mapping[str, Any]], width: int | None,
+def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[SweepRow], width: int | None,
                      full: bool) -> list[str]:
     rows = sort_rows(rows)
     if not rows:
@@ -475,7 +515,7 @@ def _markdown_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Mapping[str, Any]] = (),
+def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[SweepRow] = (),
                     base: Path | None = None, link_plots: bool = True) -> str:
     """A GitHub-flavoured Markdown table, pasteable into a pull request; plots linked relative to *base*.
 
@@ -497,7 +537,7 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Map
     out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹); shares are of attention "
                 "+ FFN; deviation is the largest relative difference from the formula."]
     # test ids in code spans, as in the table: ids such as test_x[<lambda>] or a__b__c stay as written
-    ids = sorted({r.test_id for r in rows} | {str(s.get("test_id", "")) for s in sweeps} - {""}, key=len,
+    ids = sorted({r.test_id for r in rows} | {s.test_id for s in sweeps}, key=len,
                  reverse=True)
 
     def code(line: str) -> str:
@@ -529,9 +569,10 @@ def versions() -> dict[str, str]:
     return found
 
 
-def render_json(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Mapping[str, Any]] = ()) -> str:
+def render_json(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[SweepRow] = ()) -> str:
     """The versioned JSON document: sorted keys and rows, fixed indentation, no NaN."""
-    return render_documents([row.to_dict() for row in sort_rows(rows)], sweeps)
+    return render_documents([row.to_dict() for row in sort_rows(rows)],
+                            [row.to_dict() for row in sorted(sweeps, key=lambda s: s.key)])
 
 
 def render_documents(entries: Sequence[Mapping[str, Any]], sweeps: Sequence[Mapping[str, Any]] = ()) -> str:

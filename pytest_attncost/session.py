@@ -27,7 +27,7 @@ from .markers import (
     merged_kwargs,
     parse_marker_kwargs,
 )
-from .reporting import Row, RowKey, append_once, render_json, render_markdown, render_terminal, row_key, write_atomic
+from .reporting import Row, RowKey, SweepRow, append_once, render_json, render_markdown, render_terminal, row_key, write_atomic
 
 if TYPE_CHECKING:
     from .result import Profile
@@ -205,12 +205,10 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
         properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
         sweeps = item.stash.get(SWEEPS_KEY, [])
         for made in sweeps:
-            data = made.to_dict()
-            data["test_id"] = item.nodeid
             found = check_sweep(bounds, made) if bounds is not None else []
-            data["problems"] = found
             problems += found
-            properties.append((SWEEP_PROPERTY, json.dumps(data, sort_keys=True, allow_nan=False)))
+            properties.append((SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
+                                                          sort_keys=True, allow_nan=False)))
         if not body_passed:
             problems = []
         elif bounds is not None and not rows:
@@ -289,7 +287,7 @@ class AttncostSession:
         self.config = config
         self.settings = config.stash[SETTINGS_KEY]
         self.rows: dict[tuple[str, int], Row] = {}
-        self.sweeps: dict[tuple[str, int], dict[str, Any]] = {}
+        self.sweeps: dict[tuple[str, int], SweepRow] = {}
         self.outcomes: dict[str, str] = {}
         self.collected = 0
         self.incomplete: list[str] = []  # why this run did not see the whole suite
@@ -345,13 +343,13 @@ class AttncostSession:
                 if data is None:  # a user's own record_property("attncost", ...) is theirs
                     pass
                 elif key == SWEEP_PROPERTY:
-                    self.sweeps[(report.nodeid, index)] = data
+                    self.sweeps[(report.nodeid, index)] = SweepRow.from_dict(data)
                 elif "verdict" in data and "problems" in data:  # a row of ours: one that cannot be read is a bug
                     self.rows[(report.nodeid, index)] = Row.from_dict(data)
             index += 1
 
-    def final_sweeps(self) -> list[dict[str, Any]]:
-        return sorted(self.sweeps.values(), key=lambda s: (s["test_id"], s["name"], s["lengths"]))
+    def final_sweeps(self) -> list[SweepRow]:
+        return sorted(self.sweeps.values(), key=lambda s: s.key)
 
     def final_rows(self) -> list[Row]:
         return [row.replace(outcome=self.outcomes.get(nodeid, "passed")) for (nodeid, _), row in self.rows.items()]
@@ -405,14 +403,18 @@ class AttncostSession:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
             self.file_errors.append(FILE_ERROR.format(what=what, path=path, reason=reason))
 
-    def _plot(self, sweeps: list[dict[str, Any]], unit: str) -> None:
+    def _plot(self, sweeps: list[SweepRow], unit: str) -> None:
+        """Draw every sweep; each row in *sweeps* (and the session's) is replaced by one that knows its plots."""
         from .plots import plot_sweep, stem_for
 
         assert self.settings.plot_dir is not None
         self.settings.plot_dir.mkdir(exist_ok=True)
-        for data in sweeps:
-            paths = plot_sweep(data, self.settings.plot_dir, stem_for(data["test_id"], data["name"]), unit)
-            data["plots"] = [str(path) for path in paths]
+        where = {id(row): key for key, row in self.sweeps.items()}
+        for index, row in enumerate(sweeps):
+            paths = plot_sweep(row.to_dict(), self.settings.plot_dir, stem_for(row.test_id, row.sweep.name), unit)
+            sweeps[index] = row.replace(plots=tuple(str(path) for path in paths))
+            if id(row) in where:  # the terminal summary, later, names the plots too
+                self.sweeps[where[id(row)]] = sweeps[index]
 
     def _save(self, session: pytest.Session, rows: list[Row]) -> None:
         from .baseline import BaselineError, save

@@ -6,7 +6,7 @@ import json
 
 from pytest_attncost import ModelSpec
 from pytest_attncost.baseline import entry_key
-from pytest_attncost.reporting import Row, render_json, render_markdown, render_terminal, row_key, sections
+from pytest_attncost.reporting import Row, SweepRow, render_json, render_markdown, render_terminal, row_key, sections
 from pytest_attncost.result import Profile
 
 SPEC = ModelSpec(hidden=128, heads=2, head_dim=64, layers=2, ffn_dim=512)
@@ -76,3 +76,20 @@ def test_terminal_and_markdown_show_the_same_sections():
             assert line in terminal and f"- {shown}" in markdown
     assert "DISAGREE" in markdown  # the cross-check once missing from Markdown
     assert "- `t.py::test_b` [BertModel]: attention_share 0.6 > 0.5 at n=256" in markdown
+
+
+def test_a_sweep_row_round_trips_and_solves_its_thresholds_again():
+    from pytest_attncost.sweep import Sweep
+
+    # by hand for this shape (D = 128, f = 512, 2 layers): attention = FFN at n = 2·D = 256, quadratic
+    # term = linear terms at n = 6·D = 768
+    sweep = Sweep([_profile(n=n, attention_core=2 * n * n * 128 * 2, attention_proj=4 * n * 128 * 128 * 2,
+                            ffn=2 * n * 128 * 512 * 2) for n in (64, 256, 1024)])
+    row = SweepRow("t.py::test_sweep", sweep, problems=("crossover n=256 < crossover_min 300",), plots=("a.png",))
+    data = json.loads(json.dumps(row.to_dict()))
+    assert data["crossover_n"] == 256 and data["quadratic_crossover_n"] == 768 and data["plots"] == ["a.png"]
+    again = SweepRow.from_dict(data)
+    assert again.sweep.crossover() == 256 and again.sweep.lengths == [64, 256, 1024]
+    assert again.problems == row.problems and again.plots == row.plots and again.key == row.key
+    document = json.loads(render_json([], sweeps=[row]))
+    assert "profiles" not in document["sweeps"][0] and document["sweeps"][0]["test_id"] == "t.py::test_sweep"

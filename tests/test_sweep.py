@@ -109,8 +109,13 @@ def test_plots_are_written_and_linked(project):
     """)
     (project.path / "out").mkdir()
     result = project.runpytest("--attncost-plot=out/plots", "--attncost-markdown=out/report.md",
-                               "--attncost-json=out/report.json")
+                               "--attncost-json=out/report.json", "--attncost-report")
     result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["sweeps (thresholds solved exactly from the measured counts):",
+                                 "  test_plots_are_written_and_linked.py::test_sweep [[]BertModel n=[[]64, 256, 1024[]][]]: "
+                                 "attention = FFN at n=256 (formula 256); quadratic term = linear terms at n=768 "
+                                 "(formula 768)",
+                                 "  plots: 2 PNG (and SVG) in */out/plots"])
     plots = project.path / "out" / "plots"
     stem = "test_plots_are_written_and_linked.py_test_sweep-BertModel"
     names = sorted(p.name for p in plots.iterdir())
