@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 from .ops import ATTENTION_OPS, CONTRACTING_OPS, TORCH_ATTENTION_OPS, OpRecord
 
-__all__ = ["ROLE_NAMES", "RoleError", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure", "split"]
+__all__ = ["ROLE_NAMES", "RoleError", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure",
+           "product_part", "split"]
 
 ROLE_NAMES = ("attention", "ffn")
 
@@ -340,6 +341,23 @@ def _router(record: OpRecord, experts: Mapping[str, int]) -> bool:
     return False
 
 
+def product_part(role: str | None, fused: bool, origin: str, explicit: bool) -> str:
+    """Where a matrix product (or a fused attention op) goes, given its module's role.
+
+    ``attention_core``, ``attention_proj``, ``ffn``, ``other``, or ``unplaced``: a product of two
+    activations in an FFN found by structure, which no rule can place (counted as ``other`` and
+    warned about). With the user's ``roles=`` (*explicit*) a fused attention op is a core wherever
+    it runs and every product in an FFN module is FFN. Shared by the split and by measured time.
+    """
+    if fused:
+        return "attention_core" if role == "attention" or explicit else "other"
+    if role == "attention":
+        return {"param": "attention_proj", "buffer": "other"}.get(origin, "attention_core")
+    if role == "ffn":
+        return "ffn" if explicit else {"param": "ffn", "buffer": "other"}.get(origin, "unplaced")
+    return "other"
+
+
 def split(
     records: Iterable[OpRecord],
     roles: Mapping[str, str],
@@ -368,18 +386,9 @@ def split(
         role = role_of(record.scope, roles)
         macs = record.macs
         router = False
-        if _is_fused(record):
-            bucket = "attention_core" if role == "attention" or structure is None else "other"
-        elif _is_product(record):
-            if role == "attention":
-                bucket = {"param": "attention_proj", "buffer": "other"}.get(record.origin, "attention_core")
-            elif role == "ffn" and structure is None:
-                bucket = "ffn"
-            elif role == "ffn":
-                bucket = {"param": "ffn", "buffer": "other"}.get(record.origin, "unplaced")
-                router = bucket == "ffn" and record.scope in routers
-            else:
-                bucket = "other"
+        if _is_fused(record) or _is_product(record):
+            bucket = product_part(role, _is_fused(record), record.origin, explicit=structure is None)
+            router = bucket == "ffn" and record.scope in routers  # routers: only with a structure
         else:
             bucket = "other"
         if bucket == "unplaced":

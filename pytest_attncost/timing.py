@@ -575,18 +575,13 @@ class _Placement:
 
     def part(self, op: str, scope: str, shapes: Sequence[Any]) -> str:
         """The part one timed op belongs to (see the module docstring's table)."""
-        from .roles import role_of
+        from .roles import product_part, role_of
 
         role = role_of(scope, self.roles)
-        if op in self.fused:
-            return "attention_core" if role == "attention" or self.explicit else "other"
-        if op in _PRODUCTS:
-            origin = self.origin(op, scope, shapes)
-            if role == "attention":
-                return {"param": "attention_proj", "buffer": "other"}.get(origin, "attention_core")
-            if role == "ffn":
-                return "ffn" if origin == "param" or self.explicit else "other"
-            return "other"
+        if op in self.fused or op in _PRODUCTS:
+            origin = "activation" if op in self.fused else self.origin(op, scope, shapes)
+            part = product_part(role, op in self.fused, origin, self.explicit)
+            return "other" if part == "unplaced" else part  # the split counts those as other too
         if role == "attention":
             return "attention_core"
         return "ffn" if role == "ffn" else "other"
