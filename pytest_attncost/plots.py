@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MISSING_MATPLOTLIB", "plot_sweep", "require_matplotlib", "stem_for"]
+__all__ = ["MISSING_MATPLOTLIB", "plot_sweep", "require_matplotlib", "shares_plot", "stem_for"]
 
 MISSING_MATPLOTLIB = "plots need matplotlib: pip install 'pytest-attncost[plot]'"
 FORMATS = ("png", "svg")
+_RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "attncost"}  # text stays text; no random ids in the SVG
 
 
 def require_matplotlib() -> None:
@@ -70,6 +71,27 @@ def count_ticks(ax: Any) -> None:
         Fraction(value).limit_denominator(1000), "mac", suffix=False)))
 
 
+def shares_plot(ns: list[int], title: str, directory: Path, stem: str, draw: Callable[[Any], None]) -> list[Path]:
+    """A figure of shares of attention + FFN vs n (log axis, the measured lengths ticked, 0.5 marked);
+    *draw* adds the lines. Written as ``<stem>.png`` and ``.svg``; returns the paths."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(_RC):
+        figure = Figure(figsize=(7, 4.2))
+        ax = figure.add_subplot()
+        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
+        draw(ax)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length n (tokens)")
+        ax.set_ylabel("share of attention + FFN")
+        ax.set_ylim(0, 1)
+        ax.set_title(title)
+        _length_ticks(ax, ns)
+        ax.legend(fontsize=8, loc="best")
+        return _save(figure, directory, stem)
+
+
 def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = "mac") -> list[Path]:
     """Write ``<stem>-shares`` and ``<stem>-parts`` as PNG and SVG; return the paths."""
     import matplotlib
@@ -78,13 +100,10 @@ def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = 
     rows = sorted(data["profiles"], key=lambda r: r["n"])
     ns = [r["n"] for r in rows]
     scale = 2 if unit == "flop" else 1
-    paths: list[Path] = []
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "attncost"}):
-        figure = Figure(figsize=(7, 4.2))
-        ax = figure.add_subplot()
+
+    def shares(ax: Any) -> None:
         ax.plot(ns, [r["attention_share"] for r in rows], marker="o", label="attention share")
         ax.plot(ns, [r["quadratic_share"] for r in rows], marker="s", label="quadratic share")
-        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
         for key, label, style in (
             ("formula_crossover_n", "attention = FFN (formula)", "--"),
             ("formula_quadratic_n", "quadratic = linear terms (formula)", "-."),
@@ -96,15 +115,9 @@ def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = 
         if data.get("crossover_n"):
             ax.plot([data["crossover_n"]], [0.5], marker="x", color="red", linestyle="none",
                     label=f"measured crossover: n={data['crossover_n']:,.0f}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length n (tokens)")
-        ax.set_ylabel("share of attention + FFN")
-        ax.set_ylim(0, 1)
-        ax.set_title(f"{data['name']}: where attention takes over")
-        _length_ticks(ax, ns)
-        ax.legend(fontsize=8, loc="best")
-        paths += _save(figure, directory, f"{stem}-shares")
 
+    paths = shares_plot(ns, f"{data['name']}: where attention takes over", directory, f"{stem}-shares", shares)
+    with matplotlib.rc_context(_RC):
         figure = Figure(figsize=(7, 4.2))
         ax = figure.add_subplot()
         parts = ("attention_core", "attention_proj", "ffn", "other")

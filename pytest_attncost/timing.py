@@ -1132,19 +1132,14 @@ def measure_sweep(model: Any, ns: Sequence[int], **measure_kwargs: Any) -> Timin
 def plot_time_shares(data: Mapping[str, Any], directory: Path, stem: str) -> list[Path]:
     """Write ``<stem>-time-shares`` (PNG and SVG): attention's share of MACs and of time vs n,
     with the formula's crossover and the measured ones; *data* is :meth:`TimingSweep.to_dict`."""
-    import matplotlib
-    from matplotlib.figure import Figure
-
-    from .plots import _length_ticks, _save
+    from .plots import shares_plot
 
     rows = sorted(data["timings"], key=lambda r: r["n"])
     ns = [r["n"] for r in rows]
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "attncost"}):
-        figure = Figure(figsize=(7, 4.2))
-        ax = figure.add_subplot()
+
+    def draw(ax: Any) -> None:
         ax.plot(ns, [r["attention_mac_share"] for r in rows], marker="o", label="attention share of MACs")
         ax.plot(ns, [r["attention_time_share"] for r in rows], marker="s", label="attention share of time")
-        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
         formula = data.get("formula_crossover_n")
         if formula:
             ax.axvline(formula, color="black", linestyle="--", linewidth=1,
@@ -1153,12 +1148,6 @@ def plot_time_shares(data: Mapping[str, Any], directory: Path, stem: str) -> lis
         if measured:
             ax.axvline(measured, color="red", linestyle="-.", linewidth=1,
                        label=f"attention = FFN in time (measured): n={measured:,.0f}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length n (tokens)")
-        ax.set_ylabel("share of attention + FFN")
-        ax.set_ylim(0, 1)
-        where = rows[0]["device_name"] if rows else ""
-        ax.set_title(f"{data['name']}: MACs vs time ({where})")
-        _length_ticks(ax, ns)
-        ax.legend(fontsize=8, loc="best")
-        return _save(figure, directory, f"{stem}-time-shares")
+
+    where = rows[0]["device_name"] if rows else ""
+    return shares_plot(ns, f"{data['name']}: MACs vs time ({where})", directory, f"{stem}-time-shares", draw)
