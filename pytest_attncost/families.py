@@ -39,7 +39,8 @@ __all__ = [
 GATED_FAMILIES = frozenset(
     {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2", "gemma3",
      "gemma3_text", "phi3", "olmo", "olmo2", "olmo3", "olmoe", "granite", "granitemoe", "granitemoeshared",
-     "cohere", "cohere2", "stablelm", "smollm3", "deepseek_v3", "deepseek_v2", "helium", "glm", "ministral"}
+     "cohere", "cohere2", "stablelm", "smollm3", "deepseek_v3", "deepseek_v2", "helium", "glm", "ministral",
+     "modernbert"}
 )
 
 INPUTS_HINT = (

@@ -349,3 +349,19 @@ def test_roles_and_op_tables_need_no_torch() -> None:
             "assert 'torch' not in sys.modules, 'torch was imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_modernbert_gated_mlp_matches_its_formula():
+    # ModernBERT's MLP is a GLU: Wi maps D to 2f (gate and value), Wo maps f back to D. Found trying a family
+    # no issue named: the count was right, the formula (read as ungated) was not, and the plugin warned.
+    from transformers import ModernBertConfig, ModernBertModel
+
+    config = ModernBertConfig(hidden_size=128, num_attention_heads=2, num_hidden_layers=2, intermediate_size=256,
+                              vocab_size=1000, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                              sep_token_id=2)
+    p = profile(lambda: ModernBertModel(config), 64)
+    n, d, f, layers = 64, 128, 256, 2
+    assert p.attention_core == layers * 2 * n * n * d == 2_097_152
+    assert p.attention_proj == layers * 4 * n * d * d == 8_388_608  # fused Wqkv (3 D x D) and Wo
+    assert p.ffn == layers * 3 * n * d * f == 12_582_912
+    assert p.spec is not None and p.spec.gated and p.deviation == 0 and p.warnings == ()
