@@ -11,6 +11,7 @@ what the other shows. Renderers never see the pytest config: each is a plain fun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import textwrap
@@ -560,13 +561,19 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Swe
 
 def versions() -> dict[str, str]:
     """Versions of what produced the counts (read from package metadata: nothing is imported)."""
+    return dict(_versions())
+
+
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
+    # Read once per process: each lookup scans sys.path (~1.5 ms), and what is imported cannot change.
     found = {"python": ".".join(map(str, sys.version_info[:3]))}
     for dist in ("pytest-attncost", "torch", "fvcore", "transformers", "pytest"):
         try:
             found[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-    return found
+    return tuple(found.items())
 
 
 def render_json(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[SweepRow] = ()) -> str:
