@@ -1460,6 +1460,9 @@ class _TorchRecorder:
         self.sequence_nr = _get_sequence_nr
         self.records: list[OpRecord] = []
         self.unsupported: Counter[str] = Counter()
+        # Held for the recorder's lifetime: a forward that reassigns a buffer (I-BERT's QuantAct) frees
+        # the old tensor, and an activation could then reuse its id and pass for model state.
+        self.state = [*model.parameters(), *model.buffers()]
         self.params = {id(p) for p in model.parameters()}
         self.buffers = {id(b) for b in model.buffers()}
         by_id = {id(b): name for name, b in model.named_buffers()}

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 import test_counting_modes as models
 from test_counting_modes import BATCH, CORE, D, DH, FFN, H, LAYERS, OUT, QKV, T
-from pytest_attncost import ModelSpec, ProfileError, profile
+from pytest_attncost import ModelSpec, ProfileError, clear_cache, profile
 
 PARTS = ("attention_core", "attention_proj", "ffn")
 FORWARD = {"attention_core": LAYERS * CORE, "attention_proj": LAYERS * (QKV + OUT), "ffn": LAYERS * FFN}
@@ -164,3 +164,45 @@ def test_global_hooks_neither_fire_nor_break_the_count() -> None:
     finally:
         handle.remove()
     assert parts(p) == FORWARD and calls == []
+
+
+class _Restating(nn.Module):
+    """Attention that replaces its buffers on every call (as I-BERT's QuantAct does in training)."""
+
+    def __init__(self, d: int = 16, stats: int = 8) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.stats = stats
+        for i in range(stats):
+            self.register_buffer(f"stat{i}", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(self.stats):
+            setattr(self, f"stat{i}", x.detach().amax())  # the old buffer is freed here
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        return self.o((q @ k.transpose(-1, -2)).softmax(-1) @ v)
+
+
+class _RestatingLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn, self.up, self.down = _Restating(), nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.down(self.up(x).relu())
+
+
+@pytest.mark.parametrize("backend", ["torch", "fvcore"])
+def test_a_forward_that_replaces_its_buffers_counts_the_same_every_time(backend: str) -> None:
+    # A freed buffer's id can be taken by an activation: the counter must not then take QK^T
+    # for a product of model state (the split changed from run to run).
+    model = nn.Sequential(_RestatingLayer(), _RestatingLayer())
+    n = 8
+    want = {"attention_core": 2 * (2 * n * n * 16), "attention_proj": 2 * (4 * n * 16 * 16),
+            "ffn": 2 * (2 * n * 16 * 32)}
+    for _ in range(12):
+        clear_cache()
+        p = profile(model, n, inputs=lambda n, b: (torch.randn(b, n, 16),), backend=backend)
+        assert {part: getattr(p, part) for part in want} == want
+        assert p.warnings == ()
