@@ -206,3 +206,43 @@ def test_a_forward_that_replaces_its_buffers_counts_the_same_every_time(backend:
         p = profile(model, n, inputs=lambda n, b: (torch.randn(b, n, 16),), backend=backend)
         assert {part: getattr(p, part) for part in want} == want
         assert p.warnings == ()
+
+
+class _Scores(torch.autograd.Function):
+    """QK^T inside a custom autograd Function (as YOSO's cumulation is)."""
+
+    @staticmethod
+    def forward(ctx: object, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return q @ k.transpose(-1, -2)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> None:  # type: ignore[override]
+        raise NotImplementedError
+
+
+class _OpaqueAttention(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        return self.o(_Scores.apply(q, k).softmax(-1) @ v)
+
+
+class _OpaqueLayer(_RestatingLayer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = _OpaqueAttention()
+
+
+def test_products_inside_a_custom_autograd_function_are_not_lost() -> None:
+    # fvcore's trace holds the Function as one prim::PythonOp with no MACs: QK^T would vanish.
+    model, n = nn.Sequential(_OpaqueLayer(), _OpaqueLayer()), 8
+    p = profile(model, n, inputs=lambda n, b: (torch.zeros(b, n, 16),))
+    assert (p.attention_core, p.attention_proj, p.ffn) == (2 * (2 * n * n * 16), 2 * (4 * n * 16 * 16),
+                                                            2 * (2 * n * 16 * 32))
+    assert p.backend == "torch" and "prim::PythonOp._Scores" in (p.fallback or "")
+    with pytest.raises(ProfileError, match=r"(?s)prim::PythonOp\._Scores.*custom torch\.autograd\.Function.*"
+                                           r"Fix: count with backend='torch'"):
+        profile(model, n, inputs=lambda n, b: (torch.zeros(b, n, 16),), fallback=False)
