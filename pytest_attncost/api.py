@@ -246,6 +246,7 @@ def profile(
     target = _resolve_model(model)
     model_name = name or type(target).__name__
     spec_note = None
+    spec_read = spec is None
     if spec is None:
         spec, spec_note = families.spec_of(target)
         if spec is not None and mode == "decode":
@@ -255,7 +256,8 @@ def profile(
     if cached is not None:
         return cached
     with _quiet_torch_logs():
-        result = _count(target, model_name, spec, spec_note, n, batch, batch_given, inputs, roles, options)
+        result = _count(target, model_name, spec, spec_note, n, batch, batch_given, inputs, roles, options,
+                        spec_read)
     if REAL_NOTE not in result.notes:  # a count on real values holds for those values only
         store(key, result)
     return result
@@ -277,6 +279,10 @@ NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran
 UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
                         "cannot tell; counted in full")
 SPEC_NOTE = "no formula: {why}"
+HYBRID_NOTE = ("{bare} layer(s) run no attention beside {layers} that do (a hybrid of attention and state-space or "
+               "recurrent layers), and the cost model puts attention in every layer; pass spec= for the attention layers")
+BARE_WARNING = ("{modules}: {count} layer(s) beside the attention layers ran no attention core; their {macs:,} MAC "
+                "(their FFNs included) are counted as other; pass roles= to place them")
 REAL_NOTE = ("counted on real tensors (the torch backend's last resort): the inputs' values chose the "
              "data-dependent branches, so this profile holds for these inputs only and is not cached")
 NOTHING_RAN = ("the forward counted 0 MAC: nothing ran on these inputs (trimmed to 0 tokens?); a profile of "
@@ -294,6 +300,7 @@ def _count(
     inputs: Any,
     roles: Mapping[str, Any] | None,
     options: Options,
+    spec_read: bool = False,
 ) -> Profile:
     real_args: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     decoding = options.mode == "decode"
@@ -363,6 +370,10 @@ def _count(
             f"{model_name}: found neither attention nor an FFN (no fused attention op and no product of two "
             f"activations chained like QK^T and AV); {roles_mod.ROLES_HINT}"
         )
+    if structure is not None and structure.bare and spec is not None and spec_read:
+        # a hybrid stack: the formulas put attention in every one of the config's layers
+        notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))
+        spec = None
     parts = roles_mod.split(raw.records, assigned, causal_modules, structure)
     if not parts.halved:
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
@@ -429,6 +440,10 @@ def _warnings(result: Profile, parts: roles_mod.Split, structure: roles_mod.Stru
         if spec is not None and (spec.ffn_dim > 0 or spec.moe):
             found += [NO_FFN_WARNING.format(module=layer or result.name, ffn_dim=spec.ffn_dim)
                       for layer in structure.layers if layer not in structure.inline and not parts.layer_ffn.get(layer)]
+    if structure is not None and structure.bare:
+        macs = sum(r.macs for r in raw.records if any(roles_mod._within(r.scope, b) for b in structure.bare))
+        shown = ", ".join(structure.bare[:3]) + (", ..." if len(structure.bare) > 3 else "")
+        found.append(BARE_WARNING.format(modules=shown, count=len(structure.bare), macs=macs))
     if parts.attention_modules and parts.attention_core == 0 and (spec is None or spec.heads):
         found.append(NO_CORE_WARNING.format(modules=", ".join(parts.attention_modules[:3])))
     expected = result.formula

@@ -161,6 +161,9 @@ class Structure:
             cannot be told apart.
         outside: modules outside every layer that run attention (attention-pooling heads).
         routers: per experts module, the number of experts.
+        bare: elements of the layers' containers that hold parameter products but run no attention
+            core (the state-space or recurrent layers of a hybrid model): their products count as
+            ``other``, their FFNs included.
     """
 
     layers: tuple[str, ...] = ()
@@ -168,6 +171,7 @@ class Structure:
     inline: tuple[str, ...] = ()
     outside: tuple[str, ...] = ()
     experts: Mapping[str, int] = field(default_factory=dict)
+    bare: tuple[str, ...] = ()
 
     def roles(self) -> dict[str, str]:
         """Module -> role: every layer is ``ffn`` except its attention children (nearest role wins)."""
@@ -236,12 +240,21 @@ def find_structure(
         if child == layer:
             inline.setdefault(layer, None)
         attention.setdefault(layer, {}).setdefault(child, None)
+    bare: dict[str, None] = {}
+    for container in dict.fromkeys(_parent(layer) for layer in layers if layer and _parent(layer) in boxes):
+        for scope in param_scopes:
+            if scope == container or not _within(scope, container):
+                continue
+            element = _child_towards(container, scope)
+            if element not in layers and not any(_within(c, element) for c in cores):
+                bare.setdefault(element, None)
     return Structure(
         layers=tuple(layers),
         attention={layer: tuple(children) for layer, children in attention.items()},
         inline=tuple(inline),
         outside=tuple(outside),
         experts=dict(experts or {}),
+        bare=tuple(bare),
     )
 
 

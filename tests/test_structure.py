@@ -365,3 +365,55 @@ def test_modernbert_gated_mlp_matches_its_formula():
     assert p.attention_proj == layers * 4 * n * d * d == 8_388_608  # fused Wqkv (3 D x D) and Wo
     assert p.ffn == layers * 3 * n * d * f == 12_582_912
     assert p.spec is not None and p.spec.gated and p.deviation == 0 and p.warnings == ()
+
+
+class MixerOnlyBlock(nn.Module):
+    """A layer of a hybrid stack without attention: a token mixer (a causal depthwise conv) and an MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixer_in = nn.Linear(D, D)
+        self.conv = nn.Conv1d(D, D, kernel_size=3, padding=2, groups=D, bias=False)
+        self.body = nn.Sequential(nn.Linear(D, FF), nn.GELU(), nn.Linear(FF, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed = self.conv(self.mixer_in(x).transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+        x = x + mixed
+        return x + self.body(x)
+
+
+class Hybrid(Encoder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([MixerOnlyBlock(), SequentialBlock(), MixerOnlyBlock(), SequentialBlock()])
+
+
+def test_layers_without_attention_in_a_hybrid_stack_are_named() -> None:
+    # The mixer-only layers are not attention layers; their products (their MLP included) stay
+    # in other, and a warning names them and the MACs instead of leaving the FFN short unsaid.
+    n, b = 12, 2
+    tokens = b * n
+    p = profile(Hybrid(), inputs=(torch.zeros(b, n, dtype=torch.long),))
+    assert (p.attention_core, p.attention_proj, p.ffn) == block_split(n, b)  # the two attention layers
+    mixer_only = lin(tokens, D, D) + b * D * (n + 2) * 3 + lin(tokens, D, FF) + lin(tokens, FF, D)
+    assert p.other == 2 * mixer_only + lin(tokens, D, 8)
+    assert p.warnings == (f"blocks.0, blocks.2: 2 layer(s) beside the attention layers ran no attention core; their "
+                          f"{2 * mixer_only:,} MAC (their FFNs included) are counted as other; pass roles= to place them",)
+
+
+def test_a_hybrid_config_gets_no_formula_that_puts_attention_in_every_layer() -> None:
+    from transformers import RecurrentGemmaConfig, RecurrentGemmaModel
+
+    # block types: recurrent, recurrent, attention; the MLP is gated, intermediate_size // 2 wide
+    n, b = 16, 2
+    tokens, hidden, heads, kv, head_dim, width = b * n, 64, 4, 2, 16, 48
+    p = profile(lambda: RecurrentGemmaModel(RecurrentGemmaConfig(
+        vocab_size=128, hidden_size=hidden, num_hidden_layers=3, num_attention_heads=heads, num_key_value_heads=kv,
+        intermediate_size=2 * width, attention_window_size=8)), n, batch=b)
+    assert p.attention_core == 2 * b * heads * n * n * head_dim
+    assert p.attention_proj == 2 * lin(tokens, hidden, heads * head_dim) + 2 * lin(tokens, hidden, kv * head_dim)
+    assert p.ffn == 3 * lin(tokens, hidden, width)  # the attention layer's MLP only
+    assert p.spec is None and p.deviation is None
+    assert any("2 layer(s) run no attention beside 1 that do" in note for note in p.notes)
+    assert len(p.warnings) == 1 and p.warnings[0].startswith("layers.0, layers.1: 2 layer(s) beside the attention")
+    assert p.other >= 2 * 3 * lin(tokens, hidden, width)  # the recurrent layers' MLPs are there
