@@ -40,7 +40,7 @@ GATED_FAMILIES = frozenset(
     {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2", "gemma3",
      "gemma3_text", "phi3", "olmo", "olmo2", "olmo3", "olmoe", "granite", "granitemoe", "granitemoeshared",
      "cohere", "cohere2", "stablelm", "smollm3", "deepseek_v3", "deepseek_v2", "helium", "glm", "ministral",
-     "modernbert"}
+     "modernbert", "phimoe", "ernie4_5", "ernie4_5_moe", "exaone4", "jetmoe", "dbrx", "jamba", "recurrent_gemma"}
 )
 
 INPUTS_HINT = (
@@ -128,7 +128,7 @@ def spec_from_config(config: Any) -> ModelSpec:
             raise ValueError(f"{name}: {field} is {value!r}, not an int; pass spec=ModelSpec(...)")
     head_dim = _get(config, "head_dim", "d_kv") or hidden // heads
     ffn_dim = _get(config, "intermediate_size", "d_ff", "n_inner", "hidden_dim", "ffn_dim", "ffn_hidden_size",
-                   "encoder_ffn_dim") or 4 * hidden
+                   "encoder_ffn_dim", "dff") or 4 * hidden
     kv_heads = _get(config, "num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
     if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
         kv_heads = 1  # Falcon's multi-query attention

@@ -417,3 +417,40 @@ def test_a_hybrid_config_gets_no_formula_that_puts_attention_in_every_layer() ->
     assert any("2 layer(s) run no attention beside 1 that do" in note for note in p.notes)
     assert len(p.warnings) == 1 and p.warnings[0].startswith("layers.0, layers.1: 2 layer(s) beside the attention")
     assert p.other >= 2 * 3 * lin(tokens, hidden, width)  # the recurrent layers' MLPs are there
+
+
+GATED_CONFIGS = {  # families found gated in their modeling files (gate, up and down projections)
+    "Ernie4_5Config": {},
+    "Exaone4Config": {},
+    "PhimoeConfig": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "JetMoeConfig": {},
+}
+
+
+@pytest.mark.parametrize("config", sorted(GATED_CONFIGS))
+def test_gated_families_get_the_gated_formula(config: str) -> None:
+    import transformers
+
+    spec = spec_from_config(getattr(transformers, config)(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+        **GATED_CONFIGS[config]))
+    assert spec.gated
+
+
+def test_ernie_and_ctrl_count_what_their_formulas_say() -> None:
+    # Two families that warned falsely: Ernie 4.5's gated MLP was read as ungated, CTRL's FFN
+    # width (dff) as 4 x hidden.
+    from transformers import CTRLConfig, CTRLModel, Ernie4_5Config, Ernie4_5Model
+
+    n, b, d, f, layers = 16, 2, 64, 96, 2
+    tokens = n * b
+    ernie = profile(lambda: Ernie4_5Model(Ernie4_5Config(
+        vocab_size=128, hidden_size=d, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=f)), n, batch=b)
+    assert ernie.ffn == layers * 3 * lin(tokens, d, f)
+    assert ernie.attention_proj == layers * (2 * lin(tokens, d, d) + 2 * lin(tokens, d, 32))
+    assert (ernie.deviation, ernie.warnings) == (0, ())
+    ctrl = profile(lambda: CTRLModel(CTRLConfig(vocab_size=128, n_embd=d, n_layer=layers, n_head=4, dff=f)), n, batch=b)
+    assert ctrl.spec is not None and ctrl.spec.ffn_dim == f
+    assert ctrl.ffn == layers * 2 * lin(tokens, d, f)
+    assert (ctrl.deviation, ctrl.warnings) == (0, ())
