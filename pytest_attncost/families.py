@@ -281,6 +281,11 @@ EXPERTS_NOTE = ("experts ran as batched_mm on the meta twin (the model uses {imp
 LAYERDROP_NOTE = "{what} switched off on the twin so that chance does not decide the count"
 
 
+def _dispatches_experts(module: nn.Module) -> bool:
+    """An experts module whose forward picks an implementation by ``config._experts_implementation``."""
+    return all(hasattr(module, attr) for attr in ("has_gate", "is_concatenated", "_is_expert_parallel"))
+
+
 def prepare_twin(twin: nn.Module) -> list[str]:
     """Make the twin countable and deterministic; returns notes on what was changed.
 
@@ -294,7 +299,9 @@ def prepare_twin(twin: nn.Module) -> list[str]:
     configs: dict[int, Any] = {}
     for module in twin.modules() if experts_of(twin) else ():
         config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_experts_implementation"):
+        # only experts that dispatch on the setting (transformers' @use_experts_implementation marks them);
+        # a family with its own routing code (JetMoE) runs as it is, and no note claims otherwise
+        if config is not None and hasattr(config, "_experts_implementation") and _dispatches_experts(module):
             configs.setdefault(id(config), config)
     for config in configs.values():
         impl = config._experts_implementation

@@ -454,3 +454,17 @@ def test_ernie_and_ctrl_count_what_their_formulas_say() -> None:
     assert ctrl.spec is not None and ctrl.spec.ffn_dim == f
     assert ctrl.ffn == layers * 2 * lin(tokens, d, f)
     assert (ctrl.deviation, ctrl.warnings) == (0, ())
+
+
+def test_no_note_claims_an_experts_switch_that_did_not_happen() -> None:
+    # JetMoE routes with its own code (no experts implementation to switch); counted on real
+    # tensors, nothing ran as batched_mm, and no note may say so.
+    from transformers import JetMoeConfig, JetMoeModel
+
+    from pytest_attncost.families import EXPERTS_NOTE
+
+    model = JetMoeModel(JetMoeConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, kv_channels=16))
+    p = profile(model, 8)
+    assert api.REAL_NOTE in p.notes
+    assert not any(note.startswith(EXPERTS_NOTE.split("{")[0]) for note in p.notes)
