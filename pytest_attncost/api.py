@@ -117,7 +117,8 @@ def _resolve_model(model: object) -> nn.Module:
         except Exception as exc:  # noqa: BLE001 - the factory is the user's code
             raise ProfileError(
                 f"the model factory {getattr(model, '__name__', model)!r} failed on the meta device "
-                f"({type(exc).__name__}: {exc}); pass the built nn.Module instead"
+                f"({type(exc).__name__}: {exc}); if it builds on the CPU, pass the built nn.Module instead; "
+                "otherwise the error is the factory's own (its config or its code)"
             ) from exc
         if not isinstance(built, nn.Module):
             raise ProfileError(
@@ -565,9 +566,12 @@ def _fallback(
         if on_meta or too_long or user_meta:
             why = ("the model lives on the meta device" if on_meta else f"n > {REAL_TENSOR_MAX_N}" if too_long
                    else "the inputs are meta tensors")
+            fix = ("" if too_long or user_meta else
+                   f"\nFix: pass the model built on the CPU (not a factory, not on meta): the torch backend then runs "
+                   f"it on real tensors (n <= {REAL_TENSOR_MAX_N}), and the values it reads choose its branches.")
             raise ProfileError(
                 f"{model_name}: {first}\nThe torch backend could not count it either ({fake_error}); real tensors "
-                f"were not tried: {why}."
+                f"were not tried: {why}.{fix}"
             ) from first
         if real_args is not None:
             real_call = real_args

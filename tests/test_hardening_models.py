@@ -101,7 +101,7 @@ def test_half_precision_weights(dtype):
 def test_factory_moving_to_cuda_gets_a_clear_error():
     if torch.cuda.is_available():
         pytest.importorskip("no_such_module", reason="this machine has a GPU: the CPU-only case cannot arise")
-    with pytest.raises(ProfileError, match=r"the model factory .* failed on the meta device .*pass the built"):
+    with pytest.raises(ProfileError, match=r"the model factory .* failed on the meta device .*if it builds on the CPU, pass the built nn.Module instead; otherwise the error is the factory's own"):
         profile(lambda: tm.torch_encoder().to("cuda"), 16)
 
 
