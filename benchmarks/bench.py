@@ -239,6 +239,62 @@ def child_sweep(n: int, lengths: list[int], rounds: int) -> dict[str, Any]:
     return {"one": one, "sweep": many}
 
 
+def child_symbolic(n: int, rounds: int) -> dict[str, Any]:
+    """What a sweep's proof would cost: one count with the length as a symbol, against one profile.
+
+    torch's counter on meta tensors whose length is a ShapeEnv symbol (the python dispatcher lets
+    meta kernels take symbolic sizes): the count comes out as a polynomial in n, valid wherever the
+    guards it recorded hold. BERT-base with 1 and with 2 layers (what the layer shortcut traces).
+    """
+    import torch
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import BertConfig, BertModel
+
+    from pytest_attncost import clear_cache, profile
+    from pytest_attncost.families import default_inputs
+
+    _warm_up()
+    with torch.device("meta"):
+        built = _bert(real=True)
+        short = {layers: BertModel(BertConfig(num_hidden_layers=layers)).eval() for layers in (1, 2)}
+
+    def symbolic(model: Any) -> tuple[Any, int]:
+        env = ShapeEnv()
+        symbol = env.create_symintnode(env.create_symbol(n, ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC),
+                                       hint=n)
+        args, kwargs = default_inputs(model, symbol, 1)
+        counter = FlopCounterMode(display=False)
+        with enable_python_dispatcher(), counter, torch.no_grad():
+            model(*args, **kwargs)
+        return counter.get_total_flops(), len(env.guards)
+
+    concrete = {}
+    for layers, model in short.items():  # the polynomial must give the concrete count at n
+        counter = FlopCounterMode(display=False)
+        args, kwargs = default_inputs(model, n, 1)
+        with counter, torch.no_grad():
+            model(*args, **kwargs)
+        polynomial, guards = symbolic(model)
+        value = int(polynomial.node.expr.subs(polynomial.node.expr.free_symbols.pop(), n))
+        concrete[layers] = {"exact": value == counter.get_total_flops(), "polynomial": str(polynomial),
+                            "guards": guards}
+    profile(built, 16)
+    one, times = float("inf"), {1: float("inf"), 2: float("inf")}
+    for _ in range(rounds):
+        clear_cache()
+        start = time.perf_counter()
+        profile(built, n)
+        one = min(one, time.perf_counter() - start)
+        for layers, model in short.items():
+            start = time.perf_counter()
+            symbolic(model)
+            times[layers] = min(times[layers], time.perf_counter() - start)
+    return {"one": one, "layers": {str(k): v for k, v in times.items()}, "checks": {str(k): v for k, v in concrete.items()}}
+
+
 def child_baseline_rss() -> dict[str, Any]:
     import transformers  # noqa: F401
 
@@ -248,7 +304,7 @@ def child_baseline_rss() -> dict[str, Any]:
 
 
 CHILDREN = {f.__name__: f for f in (child_fvcore, child_flopcounter, child_meta, child_baseline_rss,
-                                     child_against_bare, child_sweep)}
+                                     child_against_bare, child_sweep, child_symbolic)}
 
 
 def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
@@ -321,6 +377,15 @@ def main() -> int:
     ratio = swept["sweep"] / swept["one"]
     add(f"BERT-base on meta: sweep of {len(lengths)} lengths / one profile at n=512 (best of 3)",
         f"{swept['sweep']:.2f} s / {swept['one']:.2f} s = {ratio:.2f}x", "<= 2x", ratio <= 2)
+    symbolic = run_child("child_symbolic", n=512, rounds=3)
+    for layers in ("1", "2"):
+        check = symbolic["checks"][layers]
+        seconds = symbolic["layers"][layers]
+        add(f"BERT-base with {layers} layer{'s' if layers == '2' else ''}: one count with n as a symbol "
+            f"(FlopCounterMode, ShapeEnv, meta) / one profile of BERT-base at n=512 (best of 3)",
+            f"{seconds:.3f} s / {symbolic['one']:.3f} s = {seconds / symbolic['one']:.2f}x; "
+            f"{check['polynomial']} FLOP, {check['guards']} guards, equal to the concrete count: {check['exact']}",
+            "report", bool(check["exact"]))
 
     fv_512, fv_long = run_child("child_fvcore", n=512, rounds=3), run_child("child_fvcore", n=long_n, rounds=1)
     ratio = fv_512["ours"] / fv_512["seconds"]
