@@ -311,12 +311,22 @@ def prepare_twin(twin: nn.Module) -> list[str]:
             if note not in notes:
                 notes.append(note)
     dropped: list[str] = []
+    seen: set[int] = set()
     for name, module in twin.named_modules():
         for attr in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop"):
             value = getattr(module, attr, None)
             if isinstance(value, float) and value > 0 and module.training:
                 setattr(module, attr, 0.0)
                 dropped.append(f"LayerDrop ({name or 'model'}.{attr}={value})")
+        # wav2vec2, HuBERT, WavLM, SEW, UniSpeech read self.config.layerdrop in forward (the twin's config is a copy)
+        config = getattr(module, "config", None)
+        if config is not None and id(config) not in seen and module.training and not isinstance(config, Mapping):
+            seen.add(id(config))
+            for attr in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop"):
+                value = getattr(config, attr, None)
+                if isinstance(value, float) and value > 0:
+                    setattr(config, attr, 0.0)
+                    dropped.append(f"LayerDrop ({name or 'model'}.config.{attr}={value})")
         drop_prob = getattr(module, "drop_prob", None)
         if "DropPath" in type(module).__name__ and isinstance(drop_prob, float) and drop_prob > 0 and module.training:
             module.drop_prob = 0.0
@@ -331,7 +341,7 @@ def experts_of(model: nn.Module) -> dict[str, int]:
     """Modules holding mixture-of-experts weights -> number of experts.
 
     A module with ``num_experts`` and stacked expert weights (a 3-D parameter ``[E, ., .]``,
-    transformers 5), or a ``ModuleList`` named ``experts``.
+    transformers 5), or a ``ModuleList`` / ``ModuleDict`` named ``experts``.
     """
     found: dict[str, int] = {}
     for name, module in model.named_modules():
@@ -340,6 +350,7 @@ def experts_of(model: nn.Module) -> dict[str, int]:
             p.dim() == 3 and p.shape[0] == count for p in module.parameters(recurse=False)
         ):
             found[name] = count
-        elif isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "experts" and len(module) > 1:
+        elif (isinstance(module, (nn.ModuleList, nn.ModuleDict)) and name.rsplit(".", 1)[-1] == "experts"
+              and len(module) > 1):  # a ModuleDict: SwitchTransformers' and NLLB-MoE's expert_0, expert_1, ...
             found[name] = len(module)
     return found

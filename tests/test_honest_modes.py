@@ -246,3 +246,43 @@ def test_products_inside_a_custom_autograd_function_are_not_lost() -> None:
     with pytest.raises(ProfileError, match=r"(?s)prim::PythonOp\._Scores.*custom torch\.autograd\.Function.*"
                                            r"Fix: count with backend='torch'"):
         profile(model, n, inputs=lambda n, b: (torch.zeros(b, n, 16),), fallback=False)
+
+
+def test_layerdrop_never_decides_the_count_on_the_layer_or_in_the_config() -> None:
+    # M2M-100 keeps LayerDrop on its stacks, wav2vec2 reads self.config.layerdrop in forward; both
+    # skip whole layers at random in training mode (a model built from a config trains). The twin
+    # counts with it off, says so, and the user's model keeps its setting.
+    import transformers as T
+
+    b, n, d, h, f = 2, 16, 64, 4, 96
+    t = b * n
+    m2m = T.M2M100Model(T.M2M100Config(vocab_size=128, d_model=d, encoder_layers=2, decoder_layers=2,
+                                       encoder_attention_heads=h, decoder_attention_heads=h, encoder_ffn_dim=f,
+                                       decoder_ffn_dim=f, encoder_layerdrop=0.5, decoder_layerdrop=0.5))
+    for seed in range(4):
+        clear_cache()
+        torch.manual_seed(seed)
+        p = profile(m2m, n, batch=b)
+        self_core = b * h * n * n * 2 * (d // h)
+        assert (p.attention_core, p.attention_proj, p.ffn) == (
+            2 * self_core + 2 * 2 * self_core,  # encoder self; decoder self and cross
+            2 * 4 * t * d * d + 2 * 8 * t * d * d,
+            4 * 2 * t * d * f,
+        )
+        assert any("LayerDrop" in note and "encoder_layerdrop=0.5" in note for note in p.notes)
+    assert m2m.encoder.layerdrop == 0.5 and m2m.training
+
+    frames = 399  # 4000 samples through convolutions (10, stride 5) and (3, stride 2)
+    config = dict(vocab_size=128, hidden_size=d, num_hidden_layers=2, num_attention_heads=h, intermediate_size=f,
+                  conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                  num_conv_pos_embedding_groups=4, layerdrop=0.5)
+    wav2vec2 = T.Wav2Vec2Model(T.Wav2Vec2Config(**config))
+    for seed in range(4):
+        clear_cache()
+        torch.manual_seed(seed)
+        p = profile(wav2vec2, inputs={"input_values": torch.zeros(b, 4000)})
+        tokens = b * frames
+        assert (p.n, p.attention_core, p.attention_proj, p.ffn) == (
+            frames, 2 * b * h * frames * frames * 2 * (d // h), 2 * 4 * tokens * d * d, 2 * 2 * tokens * d * f)
+        assert any("config.layerdrop=0.5" in note for note in p.notes)
+    assert wav2vec2.config.layerdrop == 0.5

@@ -468,3 +468,21 @@ def test_no_note_claims_an_experts_switch_that_did_not_happen() -> None:
     p = profile(model, 8)
     assert api.REAL_NOTE in p.notes
     assert not any(note.startswith(EXPERTS_NOTE.split("{")[0]) for note in p.notes)
+
+
+def test_experts_in_a_module_dict_have_their_router_counted() -> None:
+    # SwitchTransformers keeps its experts in a ModuleDict (expert_0, expert_1, ...): its router,
+    # t x D x E per sparse layer, was inside ffn but reported as ffn_router = 0.
+    from transformers import SwitchTransformersConfig, SwitchTransformersModel
+
+    b, n, d, f, experts = 2, 16, 64, 96, 4
+    t = b * n
+    model = SwitchTransformersModel(SwitchTransformersConfig(
+        vocab_size=128, d_model=d, d_kv=16, d_ff=f, num_layers=2, num_decoder_layers=2, num_heads=4,
+        num_experts=experts, expert_capacity=64, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
+        decoder_start_token_id=0)).eval()
+    p = profile(model, n, batch=b)  # counted on real tensors: the routing reads values
+    router = lin(t, d, experts)
+    assert p.ffn_router == 2 * router  # one sparse layer in each stack
+    # dense layers, and top-1 experts (capacity 64 >= 32 tokens): every token through one expert
+    assert p.ffn == 2 * 2 * lin(t, d, f) + 2 * (2 * lin(t, d, f) + router)
