@@ -490,15 +490,18 @@ def _read_lengths(
         raise ProfileError(f"{model_name}: n={measured} was asked for, but the attention ran on 0 tokens "
                            "(the model trims its inputs?); check the inputs")
     if inputs is not None:
-        batch = _held_batch(model_name, shape, spec, parts, batch, batch_given)
+        batch = _held_batch(model_name, target, args, kwargs, shape, spec, parts, batch, batch_given)
     return measured, batch
 
 
-def _held_batch(model_name: str, shape: tuple[int, int] | None, spec: ModelSpec | None, parts: roles_mod.Split,
+def _held_batch(model_name: str, target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                shape: tuple[int, int] | None, spec: ModelSpec | None, parts: roles_mod.Split,
                 batch: int, batch_given: bool) -> int:
     """With the user's inputs the batch is what they hold: the main input's first dimension, else the
     attention's leading dimensions [b, h, n, d] or [b*h, n, d] over the spec's heads."""
     held = shape[0] if shape is not None else None
+    if held is None:
+        held = families.main_batch(target, args, kwargs)
     if held is None and spec is not None and parts.lengths and parts.lengths[0][2] % spec.heads == 0:
         held = parts.lengths[0][2] // spec.heads
     if held is None:
@@ -523,7 +526,7 @@ def _decode_lengths(
         raise ProfileError(f"{model_name}: a decode step of new_tokens={new_tokens} was asked for, but the step ran "
                            f"{queries} query tokens; make the inputs' new tokens match, or pass new_tokens={queries}")
     if inputs is not None:
-        batch = _held_batch(model_name, shape, spec, parts, batch, batch_given)
+        batch = _held_batch(model_name, target, args, kwargs, shape, spec, parts, batch, batch_given)
     if n is None:  # pragma: no cover - profile() refuses a decode step without n
         raise ProfileError(f"{model_name}: mode='decode' needs n=")
     return n, batch

@@ -128,11 +128,18 @@ def spec_from_config(config: Any) -> ModelSpec:
             raise ValueError(f"{name}: {field} is {value!r}, not an int; pass spec=ModelSpec(...)")
     head_dim = _get(config, "head_dim", "d_kv") or hidden // heads
     ffn_dim = _get(config, "intermediate_size", "d_ff", "n_inner", "hidden_dim", "ffn_dim", "ffn_hidden_size",
-                   "encoder_ffn_dim", "dff") or 4 * hidden
+                   "encoder_ffn_dim", "dff")
+    ratio = getattr(config, "mlp_ratio", None)
+    swiglu = bool(getattr(config, "use_swiglu_ffn", False))
+    if ffn_dim is None and isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
+        ffn_dim = int(hidden * ratio)  # DINOv2 and kin size the MLP by a ratio
+        if swiglu:  # SwiGLU keeps two thirds of that width, rounded up to a multiple of 8
+            ffn_dim = (int(ffn_dim * 2 / 3) + 7) // 8 * 8
+    ffn_dim = ffn_dim or 4 * hidden
     kv_heads = _get(config, "num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
     if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
         kv_heads = 1  # Falcon's multi-query attention
-    gated = bool(getattr(config, "is_gated_act", False)) or model_type in GATED_FAMILIES
+    gated = bool(getattr(config, "is_gated_act", False)) or swiglu or model_type in GATED_FAMILIES
     return ModelSpec(
         hidden=int(hidden),
         heads=int(heads),
@@ -199,8 +206,9 @@ _TORCH_KINDS = (nn.MultiheadAttention, nn.TransformerEncoder, nn.TransformerEnco
 def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Inputs for known model kinds, built on the meta device (no memory, no values).
 
-    Vision models take an image of the config's size (n is then patches + 1); every
-    other kind needs *n*.
+    Vision models take an image of the config's size, video models a clip of the config's
+    frames (n is then what the attention saw: patches, plus CLS, distillation or register
+    tokens); every other kind needs *n*.
 
     Raises:
         InputsError: *n* is missing, or the model's inputs cannot be guessed.
@@ -229,13 +237,21 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
                 if extra in params:
                     kwargs[extra] = torch.zeros((batch, length), dtype=torch.long, device=meta)
         elif main == "pixel_values":
-            size = getattr(config, "image_size", 224)
+            size = getattr(config, "image_size", None)
+            if size is None:  # SegFormer and other resolution-free models: any size would be a guess
+                raise InputsError(
+                    f"{type(config).__name__} has no image_size, so the resolution to count at is yours to choose: "
+                    f"pass inputs={{'pixel_values': torch.zeros(batch, channels, height, width)}}")
             channels = getattr(config, "num_channels", 3)
             if isinstance(size, (list, tuple)):
                 size = tuple(size)
             else:
                 size = (size, size)
-            kwargs["pixel_values"] = torch.zeros((batch, channels, *size), dtype=float_dtype(model), device=meta)
+            frames = getattr(config, "num_frames", None)
+            # video models (VideoMAE, ViViT, TimeSformer) take (batch, frames, channels, height, width)
+            clip = (frames,) if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else ()
+            kwargs["pixel_values"] = torch.zeros((batch, *clip, channels, *size), dtype=float_dtype(model),
+                                                 device=meta)
         else:
             raise InputsError(f"cannot build default inputs for {type(model).__name__} ({main!r}); {INPUTS_HINT}")
         if "use_cache" in params:
@@ -272,6 +288,18 @@ def token_shape(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, An
         first = args[0].shape
         return (int(first[0]), int(first[1])) if batch_first(model) else (int(first[1]), int(first[0]))
     return None
+
+
+def main_batch(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | None:
+    """The batch of a transformers model's main input (``pixel_values``, ``input_values``, ...): its
+    first dimension, whatever the model folds into its attention's batch (TimeSformer: frames)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        return None
+    main = kwargs.get(getattr(model, "main_input_name", "input_ids"))
+    if not isinstance(main, torch.Tensor) and not kwargs and args and isinstance(args[0], torch.Tensor):
+        main = args[0]
+    return int(main.shape[0]) if isinstance(main, torch.Tensor) and main.dim() >= 2 else None
 
 
 # --- the twin --------------------------------------------------------------------------------

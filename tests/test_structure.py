@@ -486,3 +486,51 @@ def test_experts_in_a_module_dict_have_their_router_counted() -> None:
     assert p.ffn_router == 2 * router  # one sparse layer in each stack
     # dense layers, and top-1 experts (capacity 64 >= 32 tokens): every token through one expert
     assert p.ffn == 2 * 2 * lin(t, d, f) + 2 * (2 * lin(t, d, f) + router)
+
+
+VISION = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3, num_attention_heads=4)
+
+
+@pytest.mark.parametrize(("ratio", "swiglu", "width"), [(2, False, 128), (4, False, 256), (4, True, 176),
+                                                         (2, True, 88)])
+def test_dinov2_mlp_is_sized_by_its_ratio(ratio: int, swiglu: bool, width: int) -> None:
+    # DINOv2 has no intermediate_size: fc1 is D x int(D * mlp_ratio); its SwiGLU keeps two thirds
+    # of that, rounded up to a multiple of 8, in three matrices. The formula read 4 x D, ungated.
+    from transformers import Dinov2Config, Dinov2Model
+
+    b, n, d = 2, 17, 64  # 16 patches and CLS
+    p = profile(lambda: Dinov2Model(Dinov2Config(**VISION, mlp_ratio=ratio, use_swiglu_ffn=swiglu)), batch=b)
+    assert p.n == n
+    assert p.ffn == 3 * (3 if swiglu else 2) * lin(b * n, d, width)
+    assert (p.deviation, p.warnings) == (0, ())
+
+
+def test_video_models_get_a_clip_of_the_configs_frames() -> None:
+    from transformers import VideoMAEConfig, VideoMAEModel
+
+    # 4 frames in tubelets of 2 -> 2 x 16 patches = 32 tokens
+    b, n, d, f = 2, 32, 64, 96
+    p = profile(lambda: VideoMAEModel(VideoMAEConfig(**VISION, intermediate_size=f, num_frames=4, tubelet_size=2)),
+                batch=b)
+    assert (p.n, p.batch) == (n, b)
+    assert (p.attention_core, p.attention_proj, p.ffn) == (3 * b * 4 * n * n * 32, 3 * 4 * lin(b * n, d, d),
+                                                            3 * 2 * lin(b * n, d, f))
+
+
+def test_a_vision_model_without_an_image_size_is_not_counted_at_a_guessed_one() -> None:
+    from transformers import SegformerConfig, SegformerModel
+
+    with pytest.raises(ProfileError, match=r"SegformerConfig has no image_size.*pass inputs=\{'pixel_values'"):
+        profile(lambda: SegformerModel(SegformerConfig()), batch=2)
+
+
+def test_the_batch_is_the_main_inputs_even_when_the_model_folds_frames_into_it() -> None:
+    # TimeSformer's space-only attention runs batch x frames sequences: the batch is still 2.
+    from transformers import TimesformerConfig, TimesformerModel
+
+    b, frames, n, d = 2, 4, 17, 64
+    p = profile(lambda: TimesformerModel(TimesformerConfig(**VISION, intermediate_size=96, num_frames=frames,
+                                                           attention_type="space_only")),
+                inputs={"pixel_values": torch.zeros(b, frames, 3, 32, 32)}, batch=b)
+    assert (p.n, p.batch) == (n, b)
+    assert p.attention_core == 3 * b * frames * 4 * n * n * 32
