@@ -440,7 +440,8 @@ def _warnings(result: Profile, parts: roles_mod.Split, structure: roles_mod.Stru
                 found.append(INLINE_WARNING.format(module=layer or type(result).__name__, macs=macs))
         if spec is not None and (spec.ffn_dim > 0 or spec.moe):
             found += [NO_FFN_WARNING.format(module=layer or result.name, ffn_dim=spec.ffn_dim)
-                      for layer in structure.layers if layer not in structure.inline and not parts.layer_ffn.get(layer)]
+                      for layer in structure.layers if layer not in structure.inline and layer not in structure.paired
+                      and not parts.layer_ffn.get(layer)]
     if structure is not None and structure.bare:
         macs = sum(r.macs for r in raw.records if any(roles_mod._within(r.scope, b) for b in structure.bare))
         shown = ", ".join(structure.bare[:3]) + (", ..." if len(structure.bare) > 3 else "")

@@ -164,6 +164,8 @@ class Structure:
         bare: elements of the layers' containers that hold parameter products but run no attention
             core (the state-space or recurrent layers of a hybrid model): their products count as
             ``other``, their FFNs included.
+        parallel: elements of a list beside the attention layers' list, one per layer, that hold
+            parameter products and no attention (XLM's ``ffns`` beside its ``attentions``): the FFNs.
     """
 
     layers: tuple[str, ...] = ()
@@ -172,10 +174,12 @@ class Structure:
     outside: tuple[str, ...] = ()
     experts: Mapping[str, int] = field(default_factory=dict)
     bare: tuple[str, ...] = ()
+    parallel: tuple[str, ...] = ()
+    paired: tuple[str, ...] = ()  # layers whose FFN is a parallel element
 
     def roles(self) -> dict[str, str]:
         """Module -> role: every layer is ``ffn`` except its attention children (nearest role wins)."""
-        assigned: dict[str, str] = {}
+        assigned: dict[str, str] = dict.fromkeys(self.parallel, "ffn")
         for layer in self.layers:
             assigned[layer] = "attention" if layer in self.inline else "ffn"
             for module in self.attention.get(layer, ()):
@@ -241,7 +245,21 @@ def find_structure(
             inline.setdefault(layer, None)
         attention.setdefault(layer, {}).setdefault(child, None)
     bare: dict[str, None] = {}
+    parallel: dict[str, None] = {}
+    paired: dict[str, None] = {}
     for container in dict.fromkeys(_parent(layer) for layer in layers if layer and _parent(layer) in boxes):
+        indices = sorted(layer[len(container) + 1 if container else 0:] for layer in layers
+                         if _parent(layer) == container)
+        for sibling in sorted(boxes):
+            if sibling == container or _parent(sibling) != _parent(container):
+                continue
+            elements = {_child_towards(sibling, p) for p in param_scopes if _within(p, sibling) and p != sibling}
+            names = sorted(e[len(sibling) + 1 if sibling else 0:] for e in elements)
+            if names == indices and not any(_within(c, sibling) for c in cores):
+                parallel.update(dict.fromkeys(sorted(elements)))
+                # the layers' attention runs in their own forward, but their FFN is here: nothing to tell apart
+                inline = {layer: None for layer in inline if _parent(layer) != container}
+                paired.update((layer, None) for layer in layers if _parent(layer) == container)
         for scope in param_scopes:
             if scope == container or not _within(scope, container):
                 continue
@@ -255,6 +273,8 @@ def find_structure(
         outside=tuple(outside),
         experts=dict(experts or {}),
         bare=tuple(bare),
+        parallel=tuple(parallel),
+        paired=tuple(paired),
     )
 
 

@@ -534,3 +534,41 @@ def test_the_batch_is_the_main_inputs_even_when_the_model_folds_frames_into_it()
                 inputs={"pixel_values": torch.zeros(b, frames, 3, 32, 32)}, batch=b)
     assert (p.n, p.batch) == (n, b)
     assert p.attention_core == 3 * b * frames * 4 * n * n * 32
+
+
+class ParallelLists(nn.Module):
+    """XLM's layout: the attention modules in one list, the FFNs in another, zipped in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, D)
+        self.attentions = nn.ModuleList(SelfAttention() for _ in range(L))
+        self.ffns = nn.ModuleList(nn.Sequential(nn.Linear(D, FF), nn.GELU(), nn.Linear(FF, D)) for _ in range(L))
+        self.head = nn.Linear(D, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for attention, ffn in zip(self.attentions, self.ffns):
+            x = x + attention(x)
+            x = x + ffn(x)
+        return self.head(x)
+
+
+def test_ffns_in_a_list_beside_the_attention_list_are_the_ffn() -> None:
+    # They were other, and the attention modules were warned about as layers whose projections
+    # and FFN cannot be told apart.
+    n, b = 12, 2
+    p = profile(ParallelLists(), inputs=(torch.zeros(b, n, dtype=torch.long),))
+    assert (p.attention_core, p.attention_proj, p.ffn) == block_split(n, b)
+    assert (p.other, p.warnings) == (lin(b * n, D, 8), ())
+
+
+def test_xlm_counts_its_ffns() -> None:
+    from transformers import XLMConfig, XLMModel
+
+    b, n, d, layers = 2, 16, 64, 3
+    model = XLMModel(XLMConfig(vocab_size=128, emb_dim=d, n_layers=layers, n_heads=4, max_position_embeddings=64))
+    p = profile(model.eval(), n, batch=b)  # real tensors: XLM checks its lengths with .item()
+    assert p.ffn == layers * 2 * lin(b * n, d, 4 * d)
+    assert p.attention_proj == layers * 4 * lin(b * n, d, d)
+    assert (p.deviation, p.warnings) == (0, ())
