@@ -280,6 +280,10 @@ NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran
 UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
                         "cannot tell; counted in full")
 SPEC_NOTE = "no formula: {why}"
+DECODE_HALF_NOTE = ("causal='half' does not apply to a decode step: its queries attend to every cached key, and the "
+                    "core is counted as the kernel runs it")
+WINDOW_HALF_WARNING = ("causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
+                       "fewer query-key pairs than the n(n+1)/2 counted (window-aware accounting is not done)")
 HYBRID_NOTE = ("{bare} layer(s) run no attention beside {layers} that do (a hybrid of attention and state-space or "
                "recurrent layers), and the cost model puts attention in every layer; pass spec= for the attention layers")
 BARE_WARNING = ("{modules}: {count} layer(s) beside the attention layers ran no attention core; their {macs:,} MAC "
@@ -336,6 +340,9 @@ def _count(
     causal_modules = frozenset(
         name for name, module in twin.named_modules() if getattr(module, "is_causal", None) is True
     ) if options.causal == "half" else None
+    bidirectional = frozenset(
+        name for name, module in twin.named_modules() if getattr(module, "is_causal", None) is False
+    ) if options.causal == "half" else frozenset()
     containers = [name for name, module in twin.named_modules() if isinstance(module, (nn.ModuleList, nn.Sequential))]
     experts = families.experts_of(twin)
     train = options.mode == "train"
@@ -375,7 +382,9 @@ def _count(
         # a hybrid stack: the formulas put attention in every one of the config's layers
         notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))
         spec = None
-    parts = roles_mod.split(raw.records, assigned, causal_modules, structure)
+    parts = roles_mod.split(raw.records, assigned, causal_modules, structure, bidirectional)
+    if options.causal == "half" and decoding:
+        notes.append(DECODE_HALF_NOTE)
     if not parts.halved:
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
 
@@ -414,6 +423,14 @@ def _count(
         kv_cache_bytes=decode_mod.cache_bytes(args, kwargs) if decoding else None,
     )
     warnings = _warnings(result, parts, structure, raw)
+    if parts.halved and not decoding:
+        window, sliding = decode_mod.sliding_spec(target)
+        config = getattr(target, "config", None)
+        kinds = getattr(config, "attention_layers", None)
+        if window is None and isinstance(getattr(config, "window_size", None), int) and isinstance(kinds, list):
+            window, sliding = config.window_size, kinds.count("local")  # GPT-Neo's local layers
+        if window is not None and sliding and n > window:
+            warnings.append(WINDOW_HALF_WARNING.format(layers=sliding, window=window))
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
 
 

@@ -396,6 +396,7 @@ def split(
     roles: Mapping[str, str],
     causal_modules: frozenset[str] | None = None,
     structure: Structure | None = None,
+    bidirectional: frozenset[str] = frozenset(),
 ) -> Split:
     """Sum the records by role; with *causal_modules* (``causal="half"``), core ops of causal
     self-attention count the half triangle: those of these modules, and those whose record
@@ -405,7 +406,8 @@ def split(
     *structure* (automatic detection) the rules are strict: a fused attention op outside the
     attention modules is ``other`` (an attention-pooling head), and a product of two
     activations outside them cannot be placed (``other``, listed in ``Split.unplaced``). With
-    the user's ``roles=`` a fused attention op is a core wherever it runs.
+    the user's ``roles=`` a fused attention op is a core wherever it runs. Cores of *bidirectional*
+    modules (``is_causal=False``: an encoder's padding mask or position bias) stay in full without a word.
     """
     result = Split()
     seen_modules: dict[str, None] = {}
@@ -433,7 +435,7 @@ def split(
                 halved = _half(record)
                 result.halved |= halved != macs
                 macs = halved
-            elif mask == "unknown":
+            elif mask == "unknown" and not _causal(record.scope, bidirectional):  # bidirectional: full is right
                 result.unknown_masks[record.scope] = result.unknown_masks.get(record.scope, 0) + macs
         setattr(result, bucket, getattr(result, bucket) + macs)
         if router:

@@ -292,3 +292,25 @@ def test_decode_sweep_solves_the_crossover_from_the_counts(tmp_path):
     assert windowed.crossover_n is None
     path = plot_decode(LLAMA_7B, [1024, 16384, 32768], tmp_path / "decode.png")
     assert path.stat().st_size > 0
+
+
+TEXT = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96)
+
+
+def test_an_encoder_is_not_given_a_decode_step():
+    # BERT takes a cache argument and ran a "step" against it, reported with a KV cache size; its
+    # attention is bidirectional, so no generation looks like that.
+    from transformers import BertConfig, BertModel
+
+    with pytest.raises(ProfileError, match=r"BertModel is not a decoder: its attention is bidirectional"):
+        profile(lambda: BertModel(BertConfig(**TEXT)), 16, batch=2, mode="decode")
+
+
+def test_causal_half_on_a_decode_step_says_it_is_not_applied():
+    from transformers import LlamaConfig, LlamaModel
+
+    b, h, n, q, d = 2, 4, 16, 4, 16
+    p = profile(lambda: LlamaModel(LlamaConfig(**TEXT, num_key_value_heads=2)), n, batch=b, mode="decode",
+                new_tokens=q, causal="half")
+    assert p.attention_core == 3 * b * h * q * (n + q) * 2 * d  # every cached key, as the kernel runs it
+    assert any(note.startswith("causal='half' does not apply to a decode step") for note in p.notes)

@@ -286,3 +286,37 @@ def test_layerdrop_never_decides_the_count_on_the_layer_or_in_the_config() -> No
             frames, 2 * b * h * frames * frames * 2 * (d // h), 2 * 4 * tokens * d * d, 2 * 2 * tokens * d * f)
         assert any("config.layerdrop=0.5" in note for note in p.notes)
     assert wav2vec2.config.layerdrop == 0.5
+
+
+@pytest.mark.parametrize(("window", "warned"), [(8, True), (32, False)])
+def test_causal_half_under_a_sliding_window_says_the_window_keeps_fewer_pairs(window: int, warned: bool) -> None:
+    from transformers import MistralConfig, MistralModel
+
+    b, h, n, d, layers = 2, 4, 16, 16, 3
+    p = profile(lambda: MistralModel(MistralConfig(vocab_size=128, hidden_size=64, num_hidden_layers=layers,
+                                                   num_attention_heads=h, num_key_value_heads=2,
+                                                   intermediate_size=96, sliding_window=window)),
+                n, batch=b, causal="half")
+    assert p.attention_core == layers * b * h * (n * (n + 1) // 2) * 2 * d
+    expected = (f"causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
+                "fewer query-key pairs than the n(n+1)/2 counted (window-aware accounting is not done)",)
+    assert p.warnings == (expected if warned else ())
+
+
+def test_causal_half_leaves_bidirectional_attention_in_full_without_a_warning() -> None:
+    # T5's encoder adds a position bias, BERT a padding mask: forms the plugin cannot read, on
+    # attention that declares itself bidirectional (is_causal=False), where full is right.
+    from transformers import BertConfig, BertModel, T5Config, T5Model
+
+    b, h, n, d = 2, 4, 16, 16
+    full, half = b * h * n * n * 2 * d, b * h * (n * (n + 1) // 2) * 2 * d
+    t5 = profile(lambda: T5Model(T5Config(vocab_size=128, d_model=64, d_kv=d, d_ff=96, num_layers=2, num_heads=h,
+                                          decoder_start_token_id=0)), n, batch=b, causal="half")
+    assert t5.attention_core == 2 * full + 2 * half + 2 * full  # encoder self, decoder self (halved), cross
+    assert t5.warnings == ()
+    mask = torch.ones(b, n, dtype=torch.long)
+    mask[0, 10:] = 0
+    bert = profile(BertModel(BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=h,
+                                        intermediate_size=96)),
+                   inputs=dict(input_ids=torch.zeros(b, n, dtype=torch.long), attention_mask=mask), causal="half")
+    assert (bert.attention_core, bert.warnings) == (3 * full, ())
