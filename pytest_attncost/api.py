@@ -378,6 +378,14 @@ def _count(
             f"{model_name}: found neither attention nor an FFN (no fused attention op and no product of two "
             f"activations chained like QK^T and AV); {roles_mod.ROLES_HINT}"
         )
+    if structure is not None and structure.layers and spec is not None and spec_read:
+        # gated or not, as the first layer's weights say; the family list decides where they do not tell
+        layer = structure.layers[0]
+        gated = families.gated_by_structure(
+            twin.get_submodule(layer) if layer else twin,
+            [twin.get_submodule(a) if a else twin for a in structure.attention.get(layer, ()) if a != layer], spec)
+        if gated is not None and gated != spec.gated:
+            spec = dataclasses.replace(spec, gated=gated)
     if structure is not None and structure.bare and spec is not None and spec_read:
         # a hybrid stack: the formulas put attention in every one of the config's layers
         notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))

@@ -16,7 +16,7 @@ A new family is one small change here.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -79,7 +79,7 @@ def _moe_fields(config: Any, layers: int, heads_hidden: int) -> dict[str, Any]:
     if n_shared:  # DeepSeek: n shared experts fused into one MLP of n x the expert width
         fields["shared_ffn_dim"] = int(n_shared) * int(width)
     dense = 0
-    first_dense = _get(config, "first_k_dense_replace")
+    first_dense = _get(config, "first_k_dense_replace", "num_dense_layers")
     if first_dense:
         dense = min(layers, int(first_dense))
     only_mlp = getattr(config, "mlp_only_layers", None)
@@ -150,6 +150,33 @@ def spec_from_config(config: Any) -> ModelSpec:
         gated=gated,
         **_moe_fields(config, int(layers), int(hidden)),
     )
+
+
+def gated_by_structure(layer: nn.Module, attention: Sequence[nn.Module], spec: ModelSpec) -> bool | None:
+    """Whether the layer's FFN is gated, read from its weights' shapes (None: they do not tell).
+
+    One module outside the attention holding, among its own Linear-like weights (or its stacked 3-D
+    expert weights), three ``D x f`` matrices or a fused ``D x 2f`` beside a ``D x f`` is gated
+    (gate, up, down); two ``D x f`` and no fused one is not. ``f`` is the spec's FFN or expert width.
+    """
+    inside = {id(m) for a in attention for m in a.modules()}
+    widths = [w for w in (spec.ffn_dim, spec.expert_ffn_dim) if w]
+    for module in layer.modules():
+        if id(module) in inside:
+            continue
+        pairs = [tuple(sorted(p.shape[-2:])) for p in module.parameters(recurse=False) if p.dim() == 3]
+        for child in module.children():
+            weight = getattr(child, "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.dim() == 2 and id(child) not in inside:
+                pairs.append(tuple(sorted(weight.shape)))
+        for width in widths:
+            single = pairs.count(tuple(sorted((spec.hidden, width))))
+            fused = pairs.count(tuple(sorted((spec.hidden, 2 * width))))
+            if single == 3 or (single == 1 and fused == 1):
+                return True
+            if single == 2 and fused == 0:
+                return False
+    return None
 
 
 def spec_of(model: nn.Module) -> tuple[ModelSpec | None, str | None]:

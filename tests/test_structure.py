@@ -572,3 +572,43 @@ def test_xlm_counts_its_ffns() -> None:
     assert p.ffn == layers * 2 * lin(b * n, d, 4 * d)
     assert p.attention_proj == layers * 4 * lin(b * n, d, d)
     assert (p.deviation, p.warnings) == (0, ())
+
+
+class _Mlp(nn.Module):
+    def __init__(self, *shapes: tuple[int, int]) -> None:
+        super().__init__()
+        for index, (fan_in, fan_out) in enumerate(shapes):  # w0, w1, ...: shapes are read, not names
+            setattr(self, f"w{index}", nn.Linear(fan_in, fan_out))
+
+
+@pytest.mark.parametrize(("shapes", "gated"), [
+    (((D, FF), (D, FF), (FF, D)), True),  # gate, up, down
+    (((D, 2 * FF), (FF, D)), True),  # fused gate and up
+    (((D, FF), (FF, D)), False),
+])
+def test_gating_is_read_from_the_weights(shapes: tuple[tuple[int, int], ...], gated: bool) -> None:
+    from pytest_attncost.families import gated_by_structure
+
+    spec = ModelSpec(hidden=D, heads=H, head_dim=D // H, layers=1, ffn_dim=FF)
+    layer = nn.Module()
+    layer.attn, layer.mlp = SelfAttention(), _Mlp(*shapes)
+    assert gated_by_structure(layer, [layer.attn], spec) is gated
+    # split across two modules (BERT's intermediate / output): the weights do not tell
+    split = nn.Module()
+    split.attn, split.up, split.down = SelfAttention(), _Mlp((D, FF)), _Mlp((FF, D))
+    assert gated_by_structure(split, [split.attn], spec) is None
+
+
+def test_a_family_nobody_listed_gets_its_gated_formula_from_its_weights() -> None:
+    # gpt-oss's experts are gated (a fused gate_up_proj [E, D, 2f]); it is on no list.
+    from transformers import GptOssConfig, GptOssModel
+
+    b, n, d, fe, experts, top_k, layers = 2, 16, 64, 32, 4, 2, 4
+    t = b * n
+    p = profile(lambda: GptOssModel(GptOssConfig(
+        vocab_size=128, hidden_size=d, intermediate_size=fe, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=experts, num_experts_per_tok=top_k,
+        attn_implementation="eager")), n, batch=b)
+    router = lin(t, d, experts)
+    assert (p.ffn, p.ffn_router) == (layers * (t * top_k * 3 * d * fe + router), layers * router)
+    assert p.spec is not None and p.spec.gated and (p.deviation, p.warnings) == (0, ())
