@@ -434,9 +434,9 @@ def _count(
     if parts.halved and not decoding:
         window, sliding = decode_mod.sliding_spec(target)
         config = getattr(target, "config", None)
-        kinds = getattr(config, "attention_layers", None)
-        if window is None and isinstance(getattr(config, "window_size", None), int) and isinstance(kinds, list):
-            window, sliding = config.window_size, kinds.count("local")  # GPT-Neo's local layers
+        kinds, size = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+        if window is None and isinstance(size, int) and isinstance(kinds, list):
+            window, sliding = size, kinds.count("local")  # GPT-Neo's local layers
         if window is not None and sliding and n > window:
             warnings.append(WINDOW_HALF_WARNING.format(layers=sliding, window=window))
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result

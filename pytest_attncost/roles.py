@@ -253,10 +253,10 @@ def find_structure(
         for sibling in sorted(boxes):
             if sibling == container or _parent(sibling) != _parent(container):
                 continue
-            elements = {_child_towards(sibling, p) for p in param_scopes if _within(p, sibling) and p != sibling}
-            names = sorted(e[len(sibling) + 1 if sibling else 0:] for e in elements)
+            found = {_child_towards(sibling, p) for p in param_scopes if _within(p, sibling) and p != sibling}
+            names = sorted(e[len(sibling) + 1 if sibling else 0:] for e in found)
             if names == indices and not any(_within(c, sibling) for c in cores):
-                parallel.update(dict.fromkeys(sorted(elements)))
+                parallel.update(dict.fromkeys(sorted(found)))
                 # the layers' attention runs in their own forward, but their FFN is here: nothing to tell apart
                 inline = {layer: None for layer in inline if _parent(layer) != container}
                 paired.update((layer, None) for layer in layers if _parent(layer) == container)
