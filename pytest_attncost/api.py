@@ -132,7 +132,11 @@ def _resolve_model(model: object) -> nn.Module:
 
 
 def spec_of(model: nn.Module) -> ModelSpec | None:
-    """The cost-model shape of a transformers model or a torch Transformer module, if known."""
+    """The cost-model shape of a transformers model or a torch Transformer module, if known.
+
+    The config's view: a profile corrects it by the structure it counted (a gated FFN the weights
+    show, no formula for a hybrid stack); ``Profile.spec`` is the spec a profile compared with.
+    """
     return families.spec_of(model)[0]
 
 
@@ -252,7 +256,9 @@ def profile(
         spec, spec_note = families.spec_of(target)
         if spec is not None and mode == "decode":
             spec = decode_mod.windowed_spec(spec, target)  # what the model's cache keeps
-    key = cache_key(target, n, batch, batch_given, inputs, roles, spec, model_name, options)
+    # a spec read from the config may be corrected by the structure (gating, hybrid stacks); a given one is kept
+    key = cache_key(target, n, batch, batch_given, inputs, roles, ("read" if spec_read else "given", spec), model_name,
+                    options)
     cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
     if cached is not None:
         return cached
@@ -362,6 +368,10 @@ def _count(
         if real:
             notes.append(REAL_NOTE)
 
+    unchecked = None
+    if backend == "fvcore" and raw.opaque:
+        raw, backend, fallback_reason, unchecked = _look_inside(target, model_name, raw, call, masks, options)
+
     structure = None
     try:
         if roles is not None:
@@ -373,6 +383,19 @@ def _count(
         raise ProfileError(f"{model_name}: {exc}") from exc
     if raw.total == 0:
         raise ProfileError(f"{model_name}: {NOTHING_RAN}")
+    if decoding and not getattr(getattr(target, "config", None), "is_decoder", False):
+        modules = dict(twin.named_modules())
+        declared = []  # what the modules that ran the step's attention say of themselves
+        for scope in roles_mod.core_scopes(raw.records):
+            holder = next((modules[a] for a in roles_mod._ancestors(scope) if a in modules
+                           and isinstance(getattr(modules[a], "is_causal", None), bool)), None)
+            if holder is not None:
+                declared.append(holder.is_causal)
+        if declared and not any(declared):
+            raise ProfileError(f"{model_name} is not a decoder: its attention is bidirectional (is_causal=False, "
+                               "config.is_decoder is False), so a step against a KV cache describes no generation; "
+                               "decode steps are for decoders (GPT-2, LLaMA, ...), or an encoder built with "
+                               "is_decoder=True")
     if not assigned:
         raise ProfileError(
             f"{model_name}: found neither attention nor an FFN (no fused attention op and no product of two "
@@ -431,6 +454,8 @@ def _count(
         kv_cache_bytes=decode_mod.cache_bytes(args, kwargs) if decoding else None,
     )
     warnings = _warnings(result, parts, structure, raw)
+    if unchecked:
+        warnings.append(unchecked)
     if parts.halved and not decoding:
         window, sliding = decode_mod.sliding_spec(target)
         config = getattr(target, "config", None)
@@ -440,6 +465,39 @@ def _count(
         if window is not None and sliding and n > window:
             warnings.append(WINDOW_HALF_WARNING.format(layers=sliding, window=window))
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
+
+
+OPAQUE = ("fvcore sees {ops} (custom torch.autograd.Function) as one opaque op each: the products inside them "
+          "({hidden:,} MAC by the torch backend's count) are invisible to it")
+OPAQUE_FIX = "\nFix: count with backend='torch' (its counter sees inside at the dispatcher), or leave fallback on"
+OPAQUE_UNCHECKED = ("{ops}: custom torch.autograd.Function(s) fvcore sees as one opaque op each, and the torch backend "
+                    "could not look inside ({why}); products inside them, if any, are not counted")
+
+
+def _look_inside(target: nn.Module, model_name: str, raw: RawCount, call: Callable[[], Any],
+                 masks: Mapping[str, Any] | None, options: Options
+                 ) -> tuple[RawCount, str, str | None, str | None]:
+    """fvcore traced custom autograd Functions as opaque ops: the torch backend, which sees inside them,
+    tells whether they hide products. None hidden (Bloom's GELU, a masked softmax): fvcore's count stands.
+    Some hidden (YOSO's attention): the torch backend's count, as a fallback that says why. Returns the
+    count, its backend, the fallback's reason and a warning (the Functions could not be looked into)."""
+    def products(count: RawCount) -> int:
+        return sum(r.macs for r in count.records if roles_mod._is_product(r) or roles_mod._is_fused(r))
+
+    ops = ", ".join(raw.opaque)
+    try:
+        twin = meta_twin(target)
+        families.prepare_twin(twin)
+        seen = count_forward_torch(twin, *call(), buffer_masks=masks)
+    except CountError as exc:
+        return raw, "fvcore", None, OPAQUE_UNCHECKED.format(ops=ops, why=str(exc).splitlines()[0])
+    hidden = products(seen) - products(raw)
+    if hidden <= 0:
+        return raw, "fvcore", None, None
+    reason = OPAQUE.format(ops=ops, hidden=hidden)
+    if not options.fallback:
+        raise ProfileError(f"{model_name}: {reason}{OPAQUE_FIX}")
+    return seen, "torch", reason, None
 
 
 def _module_rows(twin: nn.Module, assigned: Mapping[str, str], structure: roles_mod.Structure | None

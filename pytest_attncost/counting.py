@@ -218,6 +218,11 @@ class RawCount:
     module_names: dict[str, str] = field(default_factory=dict)  # name -> class name
     copied_layers: tuple[str, ...] = ()  # repeated layers counted as copies of a traced one (see _Repeats)
 
+    @property
+    def opaque(self) -> list[str]:
+        """Custom ``torch.autograd.Function``s the tracer saw as one op each: products inside them are unseen."""
+        return sorted(op for op in self.unsupported_ops if op.startswith("prim::PythonOp"))
+
 
 class _TraceContext:
     def __init__(self, buffer_masks: Mapping[str, Pattern] | None = None) -> None:
@@ -1262,13 +1267,6 @@ def _trace(
             for name in repeats.stub_of():
                 second = repeats.stub_of()[name].names[1]
                 unsupported.update(analysis.unsupported_ops(f"model.{second}"))
-    opaque = sorted(op for op in unsupported if op.startswith("prim::PythonOp"))
-    if opaque:  # a custom autograd.Function: one node to the tracer, whatever products run inside
-        raise CountError(
-            f"fvcore sees {', '.join(opaque)} (a custom torch.autograd.Function) as one opaque op and cannot "
-            f"count the products inside it\nFix: count with backend='torch' (its counter sees inside at the "
-            "dispatcher)"
-        )
     unsupported.update(aliases)
     by_module: dict[str, int] = {}
     for name, value in by_module_raw.items():

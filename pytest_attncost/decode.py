@@ -89,11 +89,7 @@ def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
                           f"{DECODE_INPUTS_HINT}")
     if getattr(model, "main_input_name", "input_ids") != "input_ids":
         raise DecodeError(f"{name} does not take token ids; {DECODE_INPUTS_HINT}")
-    declared = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
-    if declared and not any(declared) and not getattr(config, "is_decoder", False):
-        raise DecodeError(f"{name} is not a decoder: its attention is bidirectional (is_causal=False, config.is_decoder "
-                          "is False), so a step against a KV cache describes no generation; decode steps are for "
-                          "decoders (GPT-2, LLaMA, ...), or an encoder built with is_decoder=True")
+
     params = _forward_params(model)
     cache_name = _cache_argument(model, params)
     try:

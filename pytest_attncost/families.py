@@ -275,8 +275,11 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
             else:
                 size = (size, size)
             frames = getattr(config, "num_frames", None)
-            # video models (VideoMAE, ViViT, TimeSformer) take (batch, frames, channels, height, width)
-            clip = (frames,) if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else ()
+            # video models take (batch, frames, channels, height, width): those that embed tubelets (a Conv3d:
+            # VideoMAE, ViViT) and TimeSformer; X-CLIP's vision tower takes frames folded into the batch
+            video = getattr(config, "model_type", "") == "timesformer" or any(
+                isinstance(m, nn.Conv3d) for m in model.modules())
+            clip = (frames,) if video and isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else ()
             kwargs["pixel_values"] = torch.zeros((batch, *clip, channels, *size), dtype=float_dtype(model),
                                                  device=meta)
         else:
@@ -323,9 +326,10 @@ def main_batch(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "model_type"):
         return None
-    main = kwargs.get(getattr(model, "main_input_name", "input_ids"))
-    if not isinstance(main, torch.Tensor) and not kwargs and args and isinstance(args[0], torch.Tensor):
-        main = args[0]
+    name = getattr(model, "main_input_name", "input_ids")
+    main = kwargs.get(name)
+    if name not in kwargs and args and isinstance(args[0], torch.Tensor):
+        main = args[0]  # passed by position
     return int(main.shape[0]) if isinstance(main, torch.Tensor) and main.dim() >= 2 else None
 
 

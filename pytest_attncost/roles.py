@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -248,23 +249,25 @@ def find_structure(
     parallel: dict[str, None] = {}
     paired: dict[str, None] = {}
     for container in dict.fromkeys(_parent(layer) for layer in layers if layer and _parent(layer) in boxes):
-        indices = sorted(layer[len(container) + 1 if container else 0:] for layer in layers
-                         if _parent(layer) == container)
-        for sibling in sorted(boxes):
+        mine = [layer for layer in layers if _parent(layer) == container]
+        indices = sorted(layer[len(container) + 1 if container else 0:] for layer in mine)
+        for sibling in sorted(boxes) if container else ():  # the root's list has no sibling lists
             if sibling == container or _parent(sibling) != _parent(container):
                 continue
-            found = {_child_towards(sibling, p) for p in param_scopes if _within(p, sibling) and p != sibling}
+            found = Counter(_child_towards(sibling, p) for p in param_scopes if _within(p, sibling) and p != sibling)
             names = sorted(e[len(sibling) + 1 if sibling else 0:] for e in found)
-            if names == indices and not any(_within(c, sibling) for c in cores):
+            # XLM's ffns[i] beside attentions[i]: one MLP (two products or more) per layer, no attention; and
+            # layers whose own parameter products are no more than an attention's projections (Q, K, V, O)
+            if (names == indices and min(found.values()) >= 2 and not any(_within(c, sibling) for c in cores)
+                    and all(sum(_within(p, layer) for p in param_scopes) <= 4 for layer in mine)):
                 parallel.update(dict.fromkeys(sorted(found)))
-                # the layers' attention runs in their own forward, but their FFN is here: nothing to tell apart
                 inline = {layer: None for layer in inline if _parent(layer) != container}
-                paired.update((layer, None) for layer in layers if _parent(layer) == container)
-        for scope in param_scopes:
-            if scope == container or not _within(scope, container):
-                continue
-            element = _child_towards(container, scope)
-            if element not in layers and not any(_within(c, element) for c in cores):
+                paired.update(dict.fromkeys(mine))
+        # elements beside the layers that run no attention but hold a layer's worth of products (a mixer
+        # and an MLP: three or more); a head or a norm kept in the same list is not a layer
+        others = Counter(_child_towards(container, p) for p in param_scopes if p != container and _within(p, container))
+        for element, products in others.items():
+            if element not in layers and products >= 3 and not any(_within(c, element) for c in cores):
                 bare.setdefault(element, None)
     return Structure(
         layers=tuple(layers),

@@ -1125,8 +1125,11 @@ def measure_sweep(model: Any, ns: Sequence[int], **measure_kwargs: Any) -> Timin
         raise TimingError(f"ns must hold distinct lengths, got {lengths!r}")
     if "n" in measure_kwargs:
         raise TimingError("measure_sweep() takes the lengths as ns=[...], not n=")
-    spec = measure_kwargs.get("spec") or api.spec_of(api._resolve_model(model))
-    return TimingSweep([measure(model, n, **measure_kwargs) for n in lengths], spec)
+    timings = [measure(model, n, **measure_kwargs) for n in lengths]
+    # the profiles' spec: read from the config and corrected by the structure (gating, hybrid stacks)
+    first = timings[0].profile
+    spec = measure_kwargs.get("spec") or (first.spec if first is not None else api.spec_of(api._resolve_model(model)))
+    return TimingSweep(timings, spec)
 
 
 def plot_time_shares(data: Mapping[str, Any], directory: Path, stem: str) -> list[Path]:

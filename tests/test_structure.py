@@ -612,3 +612,73 @@ def test_a_family_nobody_listed_gets_its_gated_formula_from_its_weights() -> Non
     router = lin(t, d, experts)
     assert (p.ffn, p.ffn_router) == (layers * (t * top_k * 3 * d * fe + router), layers * router)
     assert p.spec is not None and p.spec.gated and (p.deviation, p.warnings) == (0, ())
+
+
+def test_a_given_spec_and_a_read_one_are_cached_apart() -> None:
+    # A spec read from the config is corrected by the structure (a hybrid stack has no formula); the
+    # same spec given as spec= is the user's and kept. The cache must not hand one's result to the other.
+    from transformers import RecurrentGemmaConfig, RecurrentGemmaModel
+
+    from pytest_attncost import clear_cache
+
+    config = RecurrentGemmaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=96, attention_window_size=8)
+    with torch.device("meta"):
+        read = api.spec_of(RecurrentGemmaModel(config))
+    assert read is not None
+
+    def factory() -> nn.Module:
+        return RecurrentGemmaModel(config)
+
+    for order in ((None, read), (read, None)):
+        clear_cache()
+        profiles = [profile(factory, 16, batch=2, spec=spec) for spec in order]
+        for spec, p in zip(order, profiles):
+            assert p.spec == spec  # read: dropped for the hybrid stack; given: kept
+
+
+class _InlineBlock(nn.Module):
+    """Attention and FFN in the block's own forward (six parameter products, no submodule for either)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(D, FF), nn.Linear(FF, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, H, D // H).transpose(1, 2) for t in (self.q(x), self.k(x), self.v(x)))
+        x = x + self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, D))
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class _EarlyExits(nn.Module):
+    """Inline blocks, and one early-exit head per block in a list beside them: heads, not FFNs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_InlineBlock() for _ in range(L))
+        self.exits = nn.ModuleList(nn.Linear(D, 10) for _ in range(L))
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outs = []
+        for block, head in zip(self.blocks, self.exits):
+            x = block(x)
+            outs.append(head(x))
+        return outs
+
+
+def test_a_list_beside_the_layers_is_not_taken_for_their_ffns_unless_it_is_one() -> None:
+    n, b = 8, 2
+    p = profile(_EarlyExits(), inputs=(torch.zeros(b, n, D),))
+    assert p.ffn == 0 and p.other == L * lin(b * n, D, 10)
+    assert len(p.warnings) == L and all("runs in the layer's own forward" in w for w in p.warnings)
+
+
+def test_a_head_kept_in_the_layers_sequential_is_not_called_a_layer() -> None:
+    layer = nn.TransformerEncoderLayer(D, H, FF, batch_first=True)
+    second = nn.TransformerEncoderLayer(D, H, FF, batch_first=True)
+    for head in (nn.Linear(D, D), nn.Sequential(nn.Linear(D, D), nn.Linear(D, D))):
+        p = profile(nn.Sequential(layer, second, head), inputs=(torch.zeros(2, 8, D),))
+        assert not any("beside the attention layers" in w for w in p.warnings)
+        assert p.ffn == 2 * 2 * lin(16, D, FF)  # the two layers' FFNs; the head stays in other
