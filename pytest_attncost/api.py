@@ -286,6 +286,8 @@ NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran
 UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
                         "cannot tell; counted in full")
 SPEC_NOTE = "no formula: {why}"
+FOLDED_NOTE = ("the attention ran {sequences} sequences of {n} tokens for a batch of {batch} (frames or windows folded "
+               "into its batch), which the formulas, one sequence per input, do not describe; pass spec= to compare")
 DECODE_HALF_NOTE = ("causal='half' does not apply to a decode step: its queries attend to every cached key, and the "
                     "core is counted as the kernel runs it")
 WINDOW_HALF_WARNING = ("causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
@@ -424,6 +426,10 @@ def _count(
                                    options.new_tokens)
     else:
         n, batch = _read_lengths(model_name, target, args, kwargs, inputs, n, batch, batch_given, spec, parts)
+        folded = _folded_sequences(target, args, kwargs, spec, parts, batch)
+        if folded is not None and spec_read:
+            notes.append(SPEC_NOTE.format(why=FOLDED_NOTE.format(sequences=folded, n=n, batch=batch)))
+            spec = None
     memory = None
     if spec is not None and spec.cross_attention:
         memory = next((keys for queries, keys, _ in parts.lengths if keys != n), n)
@@ -576,6 +582,20 @@ def _read_lengths(
     if inputs is not None:
         batch = _held_batch(model_name, target, args, kwargs, shape, spec, parts, batch, batch_given)
     return measured, batch
+
+
+def _folded_sequences(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], spec: ModelSpec | None,
+                      parts: roles_mod.Split, batch: int) -> int | None:
+    """The sequences the first attention ran, where they are a multiple of the batch (TimeSformer and other
+    video models fold frames into their attention's batch); None for token-id models and one sequence
+    per input."""
+    if spec is None or not spec.heads or not parts.lengths or families.token_shape(target, args, kwargs) is not None:
+        return None
+    leading = parts.lengths[0][2]
+    if leading % spec.heads:
+        return None
+    sequences = leading // spec.heads
+    return sequences if sequences != batch and sequences % batch == 0 else None
 
 
 def _held_batch(model_name: str, target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -534,6 +534,9 @@ def test_the_batch_is_the_main_inputs_even_when_the_model_folds_frames_into_it()
                 inputs={"pixel_values": torch.zeros(b, frames, 3, 32, 32)}, batch=b)
     assert (p.n, p.batch) == (n, b)
     assert p.attention_core == 3 * b * frames * 4 * n * n * 32
+    # one sequence per frame: the formulas (one per input) do not describe it, and say so instead of warning
+    assert (p.spec, p.warnings) == (None, ())
+    assert any(f"the attention ran {b * frames} sequences of {n} tokens for a batch of {b}" in note for note in p.notes)
 
 
 class ParallelLists(nn.Module):
