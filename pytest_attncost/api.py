@@ -580,7 +580,7 @@ def _read_lengths(
         raise ProfileError(f"{model_name}: n={measured} was asked for, but the attention ran on 0 tokens "
                            "(the model trims its inputs?); check the inputs")
     if inputs is not None:
-        batch = _held_batch(model_name, target, args, kwargs, shape, spec, parts, batch, batch_given)
+        batch = _held_batch(model_name, target, args, kwargs, shape, spec, parts, batch, batch_given, measured)
     return measured, batch
 
 
@@ -600,14 +600,20 @@ def _folded_sequences(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str
 
 def _held_batch(model_name: str, target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 shape: tuple[int, int] | None, spec: ModelSpec | None, parts: roles_mod.Split,
-                batch: int, batch_given: bool) -> int:
+                batch: int, batch_given: bool, n: int | None = None) -> int:
     """With the user's inputs the batch is what they hold: the main input's first dimension, else the
-    attention's leading dimensions [b, h, n, d] or [b*h, n, d] over the spec's heads."""
+    attention's leading dimensions [b, h, n, d] or [b*h, n, d] over the spec's heads, else the first
+    dimension of the float inputs ``(b, n, ...)`` whose second is the n the attention saw."""
     held = shape[0] if shape is not None else None
     if held is None:
         held = families.main_batch(target, args, kwargs)
     if held is None and spec is not None and parts.lengths and parts.lengths[0][2] % spec.heads == 0:
         held = parts.lengths[0][2] // spec.heads
+    if held is None and n is not None:
+        firsts = {int(t.shape[0]) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+                  and t.is_floating_point() and t.dim() >= 3 and t.shape[1] == n}
+        if len(firsts) == 1 and (not parts.lengths or parts.lengths[0][2] % next(iter(firsts)) == 0):
+            held = firsts.pop()
     if held is None:
         return batch
     if batch_given and held != batch:

@@ -683,5 +683,6 @@ def test_a_head_kept_in_the_layers_sequential_is_not_called_a_layer() -> None:
     second = nn.TransformerEncoderLayer(D, H, FF, batch_first=True)
     for head in (nn.Linear(D, D), nn.Sequential(nn.Linear(D, D), nn.Linear(D, D))):
         p = profile(nn.Sequential(layer, second, head), inputs=(torch.zeros(2, 8, D),))
+        assert (p.n, p.batch) == (8, 2)  # (b, n, D) floats: the batch they hold, not 1
         assert not any("beside the attention layers" in w for w in p.warnings)
         assert p.ffn == 2 * 2 * lin(16, D, FF)  # the two layers' FFNs; the head stays in other
