@@ -290,6 +290,8 @@ FOLDED_NOTE = ("the attention ran {sequences} sequences of {n} tokens for a batc
                "into its batch), which the formulas, one sequence per input, do not describe; pass spec= to compare")
 DECODE_HALF_NOTE = ("causal='half' does not apply to a decode step: its queries attend to every cached key, and the "
                     "core is counted as the kernel runs it")
+CHUNK_HALF_WARNING = ("causal='half': {layers} layer(s) attend within chunks of {chunk} tokens, which keep fewer "
+                      "query-key pairs than the n(n+1)/2 counted (chunk-aware accounting is not done)")
 WINDOW_HALF_WARNING = ("causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
                        "fewer query-key pairs than the n(n+1)/2 counted (window-aware accounting is not done)")
 HYBRID_NOTE = ("{bare} layer(s) run no attention beside {layers} that do (a hybrid of attention and state-space or "
@@ -470,6 +472,10 @@ def _count(
             window, sliding = size, kinds.count("local")  # GPT-Neo's local layers
         if window is not None and sliding and n > window:
             warnings.append(WINDOW_HALF_WARNING.format(layers=sliding, window=window))
+        chunk, types = getattr(config, "attention_chunk_size", None), getattr(config, "layer_types", None)
+        chunked = types.count("chunked_attention") if isinstance(types, list) else 0
+        if isinstance(chunk, int) and chunked and n > chunk:  # Llama-4's chunked local attention
+            warnings.append(CHUNK_HALF_WARNING.format(layers=chunked, chunk=chunk))
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
 
 

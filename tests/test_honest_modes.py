@@ -349,3 +349,16 @@ def test_causal_half_leaves_bidirectional_attention_in_full_without_a_warning() 
                                         intermediate_size=96)),
                    inputs=dict(input_ids=torch.zeros(b, n, dtype=torch.long), attention_mask=mask), causal="half")
     assert (bert.attention_core, bert.warnings) == (3 * full, ())
+
+
+def test_causal_half_under_chunked_attention_says_the_chunks_keep_fewer_pairs() -> None:
+    from transformers import Llama4TextConfig, Llama4TextModel
+
+    config = Llama4TextConfig(vocab_size=128, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96,
+                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              num_local_experts=4, num_experts_per_tok=1, attention_chunk_size=8)
+    b, h, n, d, layers = 2, 4, 16, 16, 4
+    p = profile(lambda: Llama4TextModel(config), n, batch=b, causal="half")
+    assert p.attention_core == layers * b * h * (n * (n + 1) // 2) * 2 * d
+    assert ("causal='half': 3 layer(s) attend within chunks of 8 tokens, which keep fewer query-key pairs than the "
+            "n(n+1)/2 counted (chunk-aware accounting is not done)") in p.warnings
