@@ -347,12 +347,12 @@ def _count(
     masks = buffer_masks(target) if options.causal == "half" else None
     if spec is None and spec_note:
         notes.append(SPEC_NOTE.format(why=spec_note))
-    causal_modules = frozenset(
-        name for name, module in twin.named_modules() if getattr(module, "is_causal", None) is True
-    ) if options.causal == "half" else None
-    bidirectional = frozenset(
-        name for name, module in twin.named_modules() if getattr(module, "is_causal", None) is False
-    ) if options.causal == "half" else frozenset()
+    # what modules say of themselves: is_causal True (decoders) or False (encoders, cross-attention)
+    declared = {name: module.is_causal for name, module in twin.named_modules()
+                if isinstance(getattr(module, "is_causal", None), bool)}
+    half = options.causal == "half"
+    causal_modules = frozenset(name for name, causal in declared.items() if causal) if half else None
+    bidirectional = frozenset(name for name, causal in declared.items() if not causal) if half else frozenset()
     containers = [name for name, module in twin.named_modules() if isinstance(module, (nn.ModuleList, nn.Sequential))]
     experts = families.experts_of(twin)
     train = options.mode == "train"
@@ -388,14 +388,11 @@ def _count(
     if raw.total == 0:
         raise ProfileError(f"{model_name}: {NOTHING_RAN}")
     if decoding and not getattr(getattr(target, "config", None), "is_decoder", False):
-        modules = dict(twin.named_modules())
-        declared = []  # what the modules that ran the step's attention say of themselves
-        for scope in roles_mod.core_scopes(raw.records):
-            holder = next((modules[a] for a in roles_mod._ancestors(scope) if a in modules
-                           and isinstance(getattr(modules[a], "is_causal", None), bool)), None)
-            if holder is not None:
-                declared.append(holder.is_causal)
-        if declared and not any(declared):
+        # what the modules that ran the step's attention say of themselves (the nearest that says anything)
+        said = [next((declared[a] for a in roles_mod._ancestors(scope) if a in declared), None)
+                for scope in roles_mod.core_scopes(raw.records)]
+        said = [causal for causal in said if causal is not None]
+        if said and not any(said):
             raise ProfileError(f"{model_name} is not a decoder: its attention is bidirectional (is_causal=False, "
                                "config.is_decoder is False), so a step against a KV cache describes no generation; "
                                "decode steps are for decoders (GPT-2, LLaMA, ...), or an encoder built with "

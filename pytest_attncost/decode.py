@@ -89,7 +89,6 @@ def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
                           f"{DECODE_INPUTS_HINT}")
     if getattr(model, "main_input_name", "input_ids") != "input_ids":
         raise DecodeError(f"{name} does not take token ids; {DECODE_INPUTS_HINT}")
-
     params = _forward_params(model)
     cache_name = _cache_argument(model, params)
     try:
