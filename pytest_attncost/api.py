@@ -461,18 +461,11 @@ def _count(
     warnings = _warnings(result, parts, structure, raw)
     if unchecked:
         warnings.append(unchecked)
-    if parts.halved and not decoding:
-        window, sliding = decode_mod.sliding_spec(target)
-        config = getattr(target, "config", None)
-        kinds, size = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
-        if window is None and isinstance(size, int) and isinstance(kinds, list):
-            window, sliding = size, kinds.count("local")  # GPT-Neo's local layers
-        if window is not None and sliding and n > window:
-            warnings.append(WINDOW_HALF_WARNING.format(layers=sliding, window=window))
-        chunk, types = getattr(config, "attention_chunk_size", None), getattr(config, "layer_types", None)
-        chunked = types.count("chunked_attention") if isinstance(types, list) else 0
-        if isinstance(chunk, int) and chunked and n > chunk:  # Llama-4's chunked local attention
-            warnings.append(CHUNK_HALF_WARNING.format(layers=chunked, chunk=chunk))
+    if parts.halved and not decoding:  # local attention keeps fewer pairs than n(n+1)/2
+        for kind, tokens, count in decode_mod.local_attention(target):
+            if n > tokens:
+                template = WINDOW_HALF_WARNING if kind == "window" else CHUNK_HALF_WARNING
+                warnings.append(template.format(layers=count, window=tokens, chunk=tokens))
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
 
 

@@ -27,8 +27,8 @@ from torch import nn
 from . import formulas
 from .formulas import ModelSpec
 
-__all__ = ["DecodeError", "DecodeSweep", "cache_bytes", "decode_inputs", "decode_sweep", "fresh", "plot_decode",
-           "sliding_spec", "windowed_spec"]
+__all__ = ["DecodeError", "DecodeSweep", "cache_bytes", "decode_inputs", "decode_sweep", "fresh", "local_attention",
+           "plot_decode", "sliding_spec", "windowed_spec"]
 
 #: Cache layer classes whose behaviour the decode formulas describe.
 _PLAIN_LAYERS = ("DynamicLayer",)
@@ -138,6 +138,24 @@ def sliding_spec(model: nn.Module) -> tuple[int | None, int]:
     if len(known) != 1:
         return None, 0
     return known[0], sum(kind == "sliding_attention" for kind in types)
+
+
+def local_attention(model: nn.Module) -> list[tuple[str, int, int]]:
+    """(kind, tokens, layers) of the layers that attend locally: ``"window"`` (sliding-window layers, GPT-Neo's
+    local ones) and ``"chunk"`` (Llama-4's chunked attention). Empty where the config says of none."""
+    config = getattr(model, "config", None)
+    found = []
+    window, sliding = sliding_spec(model)
+    kinds, size = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+    if window is None and isinstance(size, int) and isinstance(kinds, list):
+        window, sliding = size, kinds.count("local")  # GPT-Neo's local layers
+    if window is not None and sliding:
+        found.append(("window", window, sliding))
+    chunk, types = getattr(config, "attention_chunk_size", None), getattr(config, "layer_types", None)
+    chunked = types.count("chunked_attention") if isinstance(types, list) else 0
+    if isinstance(chunk, int) and chunked:
+        found.append(("chunk", chunk, chunked))
+    return found
 
 
 def windowed_spec(spec: ModelSpec, model: nn.Module) -> ModelSpec:
