@@ -371,23 +371,25 @@ def prepare_twin(twin: nn.Module) -> list[str]:
                 notes.append(note)
     dropped: list[str] = []
     seen: set[int] = set()
-    for name, module in twin.named_modules():
+
+    def no_layerdrop(owner: Any, where: str) -> None:
         for attr in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop"):
-            value = getattr(module, attr, None)
-            if isinstance(value, float) and value > 0 and module.training:
-                setattr(module, attr, 0.0)
-                dropped.append(f"LayerDrop ({name or 'model'}.{attr}={value})")
+            value = getattr(owner, attr, None)
+            if isinstance(value, float) and value > 0:
+                setattr(owner, attr, 0.0)
+                dropped.append(f"LayerDrop ({where}.{attr}={value})")
+
+    for name, module in twin.named_modules():
+        if not module.training:
+            continue
+        no_layerdrop(module, name or "model")
         # wav2vec2, HuBERT, WavLM, SEW, UniSpeech read self.config.layerdrop in forward (the twin's config is a copy)
         config = getattr(module, "config", None)
-        if config is not None and id(config) not in seen and module.training and not isinstance(config, Mapping):
+        if config is not None and id(config) not in seen and not isinstance(config, Mapping):
             seen.add(id(config))
-            for attr in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop"):
-                value = getattr(config, attr, None)
-                if isinstance(value, float) and value > 0:
-                    setattr(config, attr, 0.0)
-                    dropped.append(f"LayerDrop ({name or 'model'}.config.{attr}={value})")
+            no_layerdrop(config, f"{name or 'model'}.config")
         drop_prob = getattr(module, "drop_prob", None)
-        if "DropPath" in type(module).__name__ and isinstance(drop_prob, float) and drop_prob > 0 and module.training:
+        if "DropPath" in type(module).__name__ and isinstance(drop_prob, float) and drop_prob > 0:
             module.drop_prob = 0.0
             dropped.append(f"stochastic depth ({name})")
     if dropped:
