@@ -640,27 +640,12 @@ def test_a_given_spec_and_a_read_one_are_cached_apart() -> None:
             assert p.spec == spec  # read: dropped for the hybrid stack; given: kept
 
 
-class _InlineBlock(nn.Module):
-    """Attention and FFN in the block's own forward (six parameter products, no submodule for either)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
-        self.fc1, self.fc2 = nn.Linear(D, FF), nn.Linear(FF, D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, _ = x.shape
-        q, k, v = (t.reshape(b, n, H, D // H).transpose(1, 2) for t in (self.q(x), self.k(x), self.v(x)))
-        x = x + self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, D))
-        return x + self.fc2(F.gelu(self.fc1(x)))
-
-
 class _EarlyExits(nn.Module):
     """Inline blocks, and one early-exit head per block in a list beside them: heads, not FFNs."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(_InlineBlock() for _ in range(L))
+        self.blocks = nn.ModuleList(InlineBlock() for _ in range(L))
         self.exits = nn.ModuleList(nn.Linear(D, 10) for _ in range(L))
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
