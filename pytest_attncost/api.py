@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import torch
 from torch import nn
@@ -20,10 +21,12 @@ from torch.utils import _pytree as pytree
 from . import decode as decode_mod
 from . import families
 from . import roles as roles_mod
-from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
+from .cache import cache_key, cache_keys, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
+from . import lengths as lengths_mod
 from .counting import (
     CountError,
     RawCount,
+    at_lengths,
     buffer_masks,
     count_forward,
     count_forward_torch,
@@ -338,23 +341,8 @@ def _count(
         """The inputs for one count: a decode step appends to its cache, so each count gets a fresh one."""
         return decode_mod.fresh(args, kwargs) if decoding else (args, kwargs)
 
-    try:
-        twin = meta_twin(target)
-    except CountError as exc:  # a scripted module, an uncopyable model: no counter can help
-        raise ProfileError(f"{model_name}: {exc}") from exc
-    notes = families.prepare_twin(twin)
-    # triangular mask buffers of the original (the twin's are empty): causal accounting reads them
-    masks = buffer_masks(target) if options.causal == "half" else None
-    if spec is None and spec_note:
-        notes.append(SPEC_NOTE.format(why=spec_note))
-    # what modules say of themselves: is_causal True (decoders) or False (encoders, cross-attention)
-    declared = {name: module.is_causal for name, module in twin.named_modules()
-                if isinstance(getattr(module, "is_causal", None), bool)}
-    half = options.causal == "half"
-    causal_modules = frozenset(name for name, causal in declared.items() if causal) if half else None
-    bidirectional = frozenset(name for name, causal in declared.items() if not causal) if half else frozenset()
-    containers = [name for name, module in twin.named_modules() if isinstance(module, (nn.ModuleList, nn.Sequential))]
-    experts = families.experts_of(twin)
+    setup = _Setup.of(target, model_name, spec, spec_note, options)
+    twin, notes, masks = setup.twin, setup.notes, setup.masks
     train = options.mode == "train"
     backend = "torch" if train else options.backend  # a backward needs the dispatcher's counter
     fallback_reason = None
@@ -375,7 +363,70 @@ def _count(
     unchecked = None
     if backend == "fvcore" and raw.opaque:
         raw, backend, fallback_reason, unchecked = _look_inside(target, model_name, raw, call, masks, options)
+    return _finish(setup, raw, backend, fallback_reason, unchecked, args, kwargs, inputs, n, batch, batch_given, roles,
+                   spec_read)
 
+
+@dataclass
+class _Setup:
+    """The twin of one model and what is read from it before a count (shared by a sweep's lengths)."""
+
+    target: nn.Module
+    model_name: str
+    spec: ModelSpec | None
+    options: Options
+    twin: nn.Module
+    notes: list[str]
+    masks: Mapping[str, Any] | None
+    declared: dict[str, bool]
+    causal_modules: frozenset[str] | None
+    bidirectional: frozenset[str]
+    containers: list[str]
+    experts: Any
+
+    @functools.cached_property
+    def sizes(self) -> dict[str, tuple[str, int]]:
+        """Every module's class and parameter count (tied parameters once)."""
+        return {name: (type(module).__name__, sum(p.numel() for p in module.parameters()))
+                for name, module in self.twin.named_modules()}
+
+    @classmethod
+    def of(cls, target: nn.Module, model_name: str, spec: ModelSpec | None, spec_note: str | None,
+           options: Options) -> _Setup:
+        try:
+            twin = meta_twin(target)
+        except CountError as exc:  # a scripted module, an uncopyable model: no counter can help
+            raise ProfileError(f"{model_name}: {exc}") from exc
+        notes = families.prepare_twin(twin)
+        # triangular mask buffers of the original (the twin's are empty): causal accounting reads them
+        masks = buffer_masks(target) if options.causal == "half" else None
+        if spec is None and spec_note:
+            notes.append(SPEC_NOTE.format(why=spec_note))
+        # what modules say of themselves: is_causal True (decoders) or False (encoders, cross-attention)
+        declared = {name: module.is_causal for name, module in twin.named_modules()
+                    if isinstance(getattr(module, "is_causal", None), bool)}
+        half = options.causal == "half"
+        return cls(
+            target=target, model_name=model_name, spec=spec, options=options, twin=twin, notes=notes, masks=masks,
+            declared=declared,
+            causal_modules=frozenset(name for name, causal in declared.items() if causal) if half else None,
+            bidirectional=frozenset(name for name, causal in declared.items() if not causal) if half else frozenset(),
+            containers=[name for name, module in twin.named_modules()
+                        if isinstance(module, (nn.ModuleList, nn.Sequential))],
+            experts=families.experts_of(twin),
+        )
+
+
+def _finish(
+    setup: _Setup, raw: RawCount, backend: str, fallback_reason: str | None, unchecked: str | None,
+    args: tuple[Any, ...], kwargs: dict[str, Any], inputs: Any, n: int | None, batch: int, batch_given: bool,
+    roles: Mapping[str, Any] | None, spec_read: bool,
+) -> Profile:
+    """The split, the lengths read back, the formulas and the warnings: a count made a Profile."""
+    target, model_name, spec, options, twin = setup.target, setup.model_name, setup.spec, setup.options, setup.twin
+    notes, declared, containers, experts = list(setup.notes), setup.declared, setup.containers, setup.experts
+    causal_modules, bidirectional = setup.causal_modules, setup.bidirectional
+    decoding = options.mode == "decode"
     structure = None
     try:
         if roles is not None:
@@ -454,7 +505,7 @@ def _count(
         versions=versions(),
         ffn_router=parts.ffn_router,
         notes=tuple(notes),
-        modules=_module_rows(twin, assigned, structure),
+        modules=_module_rows(setup, assigned, structure),
         new_tokens=options.new_tokens if decoding else None,
         kv_cache_bytes=decode_mod.cache_bytes(args, kwargs) if decoding else None,
     )
@@ -502,15 +553,12 @@ def _look_inside(target: nn.Module, model_name: str, raw: RawCount, call: Callab
     return seen, "torch", reason, None
 
 
-def _module_rows(twin: nn.Module, assigned: Mapping[str, str], structure: roles_mod.Structure | None
+def _module_rows(setup: _Setup, assigned: Mapping[str, str], structure: roles_mod.Structure | None
                  ) -> dict[str, tuple[str, int, str]]:
     """Every module's class, parameters and role, for Profile.table()."""
     layers = set(structure.layers) if structure is not None else set()
-    rows = {}
-    for name, module in twin.named_modules():
-        role = "layer" if name in layers else roles_mod.role_of(name, assigned) or "other"
-        rows[name] = (type(module).__name__, sum(p.numel() for p in module.parameters()), role)
-    return rows
+    return {name: (kind, size, "layer" if name in layers else roles_mod.role_of(name, assigned) or "other")
+            for name, (kind, size) in setup.sizes.items()}
 
 
 def _warnings(result: Profile, parts: roles_mod.Split, structure: roles_mod.Structure | None, raw: RawCount) -> list[str]:
@@ -716,4 +764,52 @@ def sweep(
     target = _resolve_model(model)
     if profile_kwargs.get("name") is None:
         profile_kwargs["name"] = type(target).__name__
+    swept = _one_run(target, lengths, profile_kwargs)
+    if swept is not None:
+        return Sweep(swept, one_run=True)
     return Sweep([profile(target, n, **profile_kwargs) for n in lengths])
+
+
+def _one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> list[Profile] | None:
+    """The torch backend's sweep: every length counted in one run (see lengths.py); None where that cannot be.
+
+    Only forward counts of default inputs, with arguments profile() would take as they are; anything
+    else (and any length the run cannot stand for) is counted one length at a time, which also gives
+    bad arguments their usual message.
+    """
+    allowed = {"batch", "roles", "spec", "name", "backend", "mode", "causal", "fallback"}
+    if (kwargs.get("backend") != "torch" or kwargs.get("mode", "forward") != "forward" or not set(kwargs) <= allowed
+            or kwargs.get("causal", "full") not in CAUSAL or not isinstance(kwargs.get("name"), str)
+            or not isinstance(kwargs.get("roles") or {}, Mapping) or not isinstance(kwargs.get("spec"), (ModelSpec, type(None)))):
+        return None
+    batch_given = kwargs.get("batch") is not None
+    batch = kwargs.get("batch") or 1
+    if type(batch) is not int or batch < 1 or max(lengths) * batch > LARGEST_TOKENS or len(lengths) < 2:
+        return None
+    roles, spec, model_name = kwargs.get("roles"), kwargs.get("spec"), kwargs["name"]
+    options = Options("torch", "forward", kwargs.get("causal", "full"), bool(kwargs.get("fallback", True)), 0)
+    spec_note, spec_read = None, spec is None
+    if spec is None:
+        spec, spec_note = families.spec_of(target)
+    keys = cache_keys(target, lengths, batch, batch_given, None, roles, ("read" if spec_read else "given", spec),
+                      model_name, options)
+    cached = [lookup(key) for key in keys]
+    if all(found is not None for found in cached):
+        return cached  # type: ignore[return-value]
+    try:
+        args, kwargs_in = default_inputs(target, cast(int, lengths_mod.length_of(lengths)), batch)
+        if not lengths_mod.swept((args, kwargs_in)):
+            return None  # inputs that do not depend on n (an image model): nothing to sweep in one run
+        with _quiet_torch_logs():
+            setup = _Setup.of(target, model_name, spec, spec_note, options)
+            raw = count_forward_torch(setup.twin, args, kwargs_in, buffer_masks=setup.masks)
+            profiles = []
+            for n, raw_n in zip(lengths, at_lengths(raw, len(lengths))):
+                at_n, kwargs_n = default_inputs(target, n, batch)
+                profiles.append(_finish(setup, raw_n, "torch", None, None, at_n, kwargs_n, None, n, batch, batch_given,
+                                        roles, spec_read))
+    except (Exception, lengths_mod.Diverged):  # noqa: BLE001 - the lengths one at a time say what is wrong, if anything
+        return None
+    for key, result in zip(keys, profiles):
+        store(key, result)
+    return profiles

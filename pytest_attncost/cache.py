@@ -41,7 +41,7 @@ import enum
 import functools
 import types
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -236,6 +236,25 @@ def _inputs_key(inputs: Any) -> Hashable:
     return (str(spec), tuple(describe.attribute(leaf) for leaf in leaves))
 
 
+class _Hashed:
+    """A model's description, hashed once (a key is hashed at every lookup and store)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: Hashable) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Hashed) and self._hash == other._hash and self.value == other.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
 def cache_key(
     target: nn.Module, n: int | None, batch: int, batch_given: bool, inputs: Any,
     roles: Mapping[str, Any] | None, spec: Hashable, name: str, options: Hashable = None,
@@ -245,23 +264,34 @@ def cache_key(
     None for callable inputs, and for a model or inputs holding something the key cannot
     describe (see the module docstring).
     """
+    return cache_keys(target, [n], batch, batch_given, inputs, roles, spec, name, options)[0]
+
+
+def cache_keys(
+    target: nn.Module, ns: Sequence[int | None], batch: int, batch_given: bool, inputs: Any,
+    roles: Mapping[str, Any] | None, spec: Hashable, name: str, options: Hashable = None,
+) -> list[Hashable | None]:
+    """:func:`cache_key` at each length of *ns* (the model described once)."""
     if not enabled:
-        return None
+        return [None] * len(ns)
     import torch
 
     if callable(inputs) and not isinstance(inputs, (torch.Tensor, torch.nn.Module)):
-        return None
+        return [None] * len(ns)
     try:
         inputs_key = None if inputs is None else _inputs_key(inputs)
         roles_key = None if roles is None else repr(sorted((k, tuple(v) if not isinstance(v, str) else v)
                                                            for k, v in dict(roles).items()))
-        model_key = structure(target)
-    except (Uncacheable, TypeError):
-        return None
-    key = (model_key, n, batch, batch_given, inputs_key, roles_key, spec, name, options,
-           torch.backends.mha.get_fastpath_enabled())
-    try:
-        hash(key)
-    except TypeError:  # an unhashable leaf slipped through (a spec or option of an odd type)
-        return None
-    return key
+        model_key = _Hashed(structure(target))
+    except (Uncacheable, TypeError):  # TypeError: an unhashable leaf slipped through
+        return [None] * len(ns)
+    keys: list[Hashable | None] = []
+    for n in ns:
+        key: Hashable | None = (model_key, n, batch, batch_given, inputs_key, roles_key, spec, name, options,
+                                torch.backends.mha.get_fastpath_enabled())
+        try:
+            hash(key)
+        except TypeError:  # an unhashable leaf slipped through (a spec or option of an odd type)
+            key = None
+        keys.append(key)
+    return keys

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from . import lengths as lengths_mod
 from .ops import (  # the torch-free tables; re-exported here, where they were first defined
     ATTENTION_OPS,
     CONTRACTING_OPS,
@@ -1590,10 +1591,10 @@ class _TorchRecorder:
                 self.backward_of[index] = source
             else:
                 scope, origin = self.scope_of_node(node._sequence_nr()), self.origin(tensors)
-            self.records.append(OpRecord(op, scope, int(flops) // 2, origin, shapes, out_shape))
+            self.records.append(OpRecord(op, scope, _macs(flops), origin, shapes, out_shape))
             return
         origin = "param" if op in _PACKED_WEIGHT_OPS else self.origin(tensors)
-        self.records.append(OpRecord(op, self.scope(), int(flops) // 2, origin, shapes, out_shape))
+        self.records.append(OpRecord(op, self.scope(), _macs(flops), origin, shapes, out_shape))
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             # autograd created this op's node just before dispatching it: the latest sequence number
             self.node_records.setdefault(self.sequence_nr() - 1, index)
@@ -1658,6 +1659,11 @@ class _TorchRecorder:
         return records
 
 
+def _macs(flops: Any) -> Any:
+    """FLOPs to MACs: an int, or a size of swept lengths (one value per length, see lengths.py)."""
+    return flops // 2 if isinstance(flops, torch.SymInt) else int(flops) // 2
+
+
 def _torch_counter(recorder: _TorchRecorder) -> Any:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -1691,7 +1697,17 @@ def count_forward_torch(
         CountError: the model could not run on fake tensors; the message carries the reason.
     """
     _refuse_scripted(model)
-    if _SHORTCUT["enabled"] and fake and not train:
+    if lengths_mod.swept((args, kwargs)):  # one run for several lengths: meta tensors of swept sizes
+        if train:
+            raise CountError("train mode counts one length at a time")
+        with lengths_mod.one_run():
+            return _count_torch(model, args, kwargs, train, fake, buffer_masks, shortcut=True)
+    return _count_torch(model, args, kwargs, train, fake, buffer_masks, shortcut=fake and not train)
+
+
+def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
+                 buffer_masks: Mapping[str, Pattern] | None, shortcut: bool) -> RawCount:
+    if _SHORTCUT["enabled"] and shortcut:
         recorder = _TorchRecorder(model, buffer_masks or {})
         repeats = _Repeats(model, on_stub=recorder.copy_layer,
                            snapshot=lambda: (len(recorder.records), Counter(recorder.unsupported)),
@@ -1709,6 +1725,16 @@ def count_forward_torch(
     return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}))
 
 
+def _fake(mode: Any, leaf: Any) -> Any:
+    if not isinstance(leaf, torch.Tensor):
+        return leaf
+    if lengths_mod.swept(leaf):  # sizes of swept lengths: a fake tensor made anew (from_tensor wants a ShapeEnv)
+        with mode:
+            return torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device=leaf.device,
+                                       requires_grad=leaf.requires_grad)
+    return mode.from_tensor(leaf)
+
+
 def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
                recorder: _TorchRecorder) -> RawCount:
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -1716,14 +1742,17 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     counter = _torch_counter(recorder)
     # Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer).
     mode: Any = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    if fake and lengths_mod.swept((args, kwargs)):
+        mode.cache_enabled = False  # its keys want sympy expressions; a swept length has values instead
+        # torch's C++ meta kernels compute with a swept length's values as with any size; fake tensors would
+        # otherwise take the Python decompositions made for sympy sizes (the same shapes, several times slower)
+        mode.cpp_meta_supports_symint = lambda func: True
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
         with _no_global_hooks(), torch.random.fork_rng(devices=[]), mode:
             if fake:
-                args, kwargs = pytree.tree_map(
-                    lambda leaf: mode.from_tensor(leaf) if isinstance(leaf, torch.Tensor) else leaf, (args, kwargs)
-                )
+                args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf), (args, kwargs))
             with counter, torch.set_grad_enabled(train):
                 output = model(*args, **kwargs)
                 if train:
@@ -1764,6 +1793,19 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     copied = tuple(name for _, name, _, _ in recorder.copies)
     return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=recorder.unsupported,
                     by_module=by_module, module_names=classes, copied_layers=copied)
+
+
+def at_lengths(raw: RawCount, k: int) -> list[RawCount]:
+    """A count made for k lengths at once (see lengths.py), as k counts, one per length."""
+    spread = lengths_mod.spread
+    columns = [zip(spread(r.macs, k), spread(r.shapes, k), spread(r.out_shape, k)) for r in raw.records]
+    records: list[list[OpRecord]] = [[] for _ in range(k)]
+    for record, column in zip(raw.records, columns):
+        for out, (macs, shapes, out_shape) in zip(records, column):
+            out.append(OpRecord(record.op, record.scope, macs, record.origin, shapes, out_shape, record.mask))
+    totals = spread(raw.total, k)
+    by_module = [dict(zip(raw.by_module, values)) for values in zip(*(spread(v, k) for v in raw.by_module.values()))]
+    return [dataclasses.replace(raw, total=totals[i], records=records[i], by_module=by_module[i]) for i in range(k)]
 
 
 def _enclosing(scope: str) -> Iterator[str]:

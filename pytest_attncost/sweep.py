@@ -68,11 +68,17 @@ def _linear_fit(points: Sequence[tuple[int, int]], what: str) -> tuple[Fraction,
 class Sweep(Sequence[Profile]):
     """Profiles of one model at several lengths (a sequence, ordered by n)."""
 
-    def __init__(self, profiles: Sequence[Profile]) -> None:
+    def __init__(self, profiles: Sequence[Profile], *, one_run: bool = False) -> None:
         ordered = sorted(profiles, key=lambda p: p.n)
         if len({p.n for p in ordered}) != len(ordered):
             raise SweepError("a sweep needs distinct lengths")
         self._profiles = tuple(ordered)
+        self._one_run = one_run
+
+    @property
+    def one_run(self) -> bool:
+        """Whether every length was counted in one run (the torch backend's sweeps; see the README)."""
+        return self._one_run
 
     @overload
     def __getitem__(self, index: int) -> Profile: ...

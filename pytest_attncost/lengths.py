@@ -1,0 +1,443 @@
+"""One forward pass for several lengths at once: a sweep's count in one run.
+
+A sweep counts the same model at k lengths, and a count on the meta device does no
+arithmetic: what the k runs compute are shapes, and the Python that builds them runs k
+times over. Here the length is one ``torch.SymInt`` whose node holds the k values, one
+per length. Every size computed from it (by the model's Python, torch's meta kernels and
+the counter's formulas) is computed at each length, element by element, so each op's MACs
+come out as k exact integers.
+
+The run is the k concrete runs, not an approximation of them: whenever anything decides
+on a size (``if``, ``int()``, ``range()``, a kernel's check, a contiguity test), the k
+answers must agree, and then that one branch is the branch each of the k runs takes. If
+they disagree (a model that switches kernels above some length, pads to a multiple, ...)
+the run stops with :class:`Diverged` and the caller counts each length on its own. No
+polynomial is fitted and nothing is assumed about how counts grow with n.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+from itertools import repeat
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["Diverged", "at", "length_of", "one_run", "spread", "swept"]
+
+
+class Diverged(BaseException):
+    """The lengths took different branches: the run cannot stand for all of them.
+
+    A BaseException, so that no ``except Exception`` in a model's code (or torch's) can
+    swallow it and carry on down one branch for all lengths.
+    """
+
+
+_STATE = {"diverged": False}
+
+
+def _values(value: Any, k: int) -> tuple[Any, ...]:
+    return value.values if isinstance(value, _Node) else (value,) * k
+
+
+def _kind(value: Any) -> type:
+    return bool if isinstance(value, bool) else int if isinstance(value, int) else float
+
+
+_KINDS: dict[type, type] = {int: int, bool: bool, float: float}
+
+
+def _is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size == 0:
+            return True
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _dense_in_order(order: Sequence[int]) -> Callable[[Sequence[int], Sequence[int]], bool]:
+    def check(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+        if len(sizes) != len(order):
+            return False
+        expected = 1
+        for dim in order:
+            if sizes[dim] == 0:
+                return True
+            if sizes[dim] != 1 and strides[dim] != expected:
+                return False
+            expected *= sizes[dim]
+        return True
+
+    return check
+
+
+def _non_overlapping_and_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    if len(sizes) == 1:
+        return sizes[0] < 2 or strides[0] == 1
+    expected = 1
+    for dim in sorted(range(len(sizes)), key=lambda d: (strides[d], d)):
+        if sizes[dim] == 0:
+            return True
+        if sizes[dim] == 1:
+            continue
+        if strides[dim] != expected:
+            return False
+        expected *= sizes[dim]
+    return True
+
+
+def _channels_last_strides(rank: int) -> Callable[[Sequence[int], Sequence[int]], bool]:
+    # c10's is_channels_last_strides_{2,3}d: strides decreasing in the order C, W, H(, D), N
+    def check(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+        if len(sizes) != rank or strides[1] == 0:
+            return False
+        order = [1, *range(rank - 1, 1, -1), 0]
+        minimum = 0
+        for dim in order:
+            if sizes[dim] == 0:
+                return False
+            if strides[dim] < minimum:
+                return False
+            if dim == 0 and minimum == strides[1]:
+                return False
+            minimum = strides[dim]
+            if sizes[dim] > 1:
+                minimum *= sizes[dim]
+        return True
+
+    return check
+
+
+class _Node:
+    """A SymNode with one value per length (what torch.SymInt/SymFloat/SymBool wrap).
+
+    torch calls these methods for arithmetic on sizes, and the ``guard_*`` ones where a
+    decision is taken: those demand one answer for all lengths.
+    """
+
+    __slots__ = ("values", "pytype")
+    _hint = None  # no cached hint: torch's helpers then ask the ShapeEnv, which asks the node
+
+    free_symbols: frozenset[Any] = frozenset()  # no sympy symbols, none unbacked (data-dependent)
+
+    @property
+    def expr(self) -> _Node:
+        return self  # torch's helpers hand a node's expression to its ShapeEnv: _Env takes the node itself
+
+    def __init__(self, values: Sequence[Any], pytype: type) -> None:
+        self.values = tuple(values)
+        self.pytype = pytype
+
+    @property
+    def shape_env(self) -> _Env:
+        return _ENV
+
+    # --- what the node is
+    def is_int(self) -> bool:
+        return self.pytype is int
+
+    def is_bool(self) -> bool:
+        return self.pytype is bool
+
+    def is_float(self) -> bool:
+        return self.pytype is float
+
+    def is_nested_int(self) -> bool:
+        return False
+
+    def is_symbolic(self) -> bool:
+        return True
+
+    def is_constant(self) -> bool:
+        return False
+
+    def has_hint(self) -> bool:
+        return True
+
+    def nested_int(self) -> None:
+        return None
+
+    def nested_int_coeff(self) -> None:
+        return None
+
+    def constant_int(self) -> None:
+        return None
+
+    def constant_bool(self) -> None:
+        return None
+
+    def _uniform(self) -> Any:
+        values = self.values
+        return values[0] if values.count(values[0]) == len(values) else None
+
+    def maybe_as_int(self) -> int | None:
+        value = self._uniform()
+        return None if value is None else int(value)
+
+    def maybe_as_bool(self) -> bool | None:
+        value = self._uniform()
+        return None if value is None else bool(value)
+
+    def maybe_as_float(self) -> float | None:
+        value = self._uniform()
+        return None if value is None else float(value)
+
+    def clone(self) -> _Node:
+        return self
+
+    def str(self) -> str:
+        return f"lengths{self.values}"
+
+    __str__ = __repr__ = _graph_repr = str
+
+    def wrap_int(self, num: int) -> _Node:
+        return _Node((num,) * len(self.values), int)
+
+    def wrap_float(self, num: float) -> _Node:
+        return _Node((num,) * len(self.values), float)
+
+    def wrap_bool(self, num: bool) -> _Node:
+        return _Node((num,) * len(self.values), bool)
+
+    # --- decisions: every length must take the same one
+    def _one(self) -> Any:
+        values = self.values
+        first = values[0]
+        if values.count(first) != len(values):
+            _STATE["diverged"] = True
+            raise Diverged(f"a decision on the length differs between the lengths: {self.values}")
+        return first
+
+    def guard_int(self, file: Any = None, line: Any = None) -> int:
+        return int(self._one())
+
+    def guard_float(self, file: Any = None, line: Any = None) -> float:
+        return float(self._one())
+
+    def guard_bool(self, file: Any = None, line: Any = None) -> bool:
+        return bool(self._one())
+
+    guard_size_oblivious = guard_or_false = guard_or_true = statically_known_true = expect_true = expect_size = \
+        guard_bool
+
+    def int_(self) -> int:
+        return int(self._one())
+
+    def bool_(self) -> bool:
+        return bool(self._one())
+
+    # --- arithmetic, length by length
+    def _binary(self, other: Any, fn: Callable[[Any, Any], Any], kind: type | None = None) -> _Node:
+        values = tuple(map(fn, self.values, other.values if type(other) is _Node else repeat(other, len(self.values))))
+        return _Node(values, kind or _KINDS.get(type(values[0]), float))
+
+    def _unary(self, fn: Callable[[Any], Any], kind: type | None = None) -> _Node:
+        values = tuple(map(fn, self.values))
+        return _Node(values, kind or _kind(values[0]))
+
+    def add(self, other: Any) -> _Node:
+        return self._binary(other, operator.add)
+
+    def sub(self, other: Any) -> _Node:
+        return self._binary(other, operator.sub)
+
+    def mul(self, other: Any) -> _Node:
+        return self._binary(other, operator.mul)
+
+    def truediv(self, other: Any) -> _Node:
+        return self._binary(other, operator.truediv, float)
+
+    float_truediv = int_truediv = truediv
+
+    def pow(self, other: Any) -> _Node:
+        return self._binary(other, operator.pow)
+
+    float_pow = pow_by_natural = pow
+
+    def floordiv(self, other: Any) -> _Node:
+        return self._binary(other, operator.floordiv)
+
+    int_floordiv = floordiv
+
+    def mod(self, other: Any) -> _Node:
+        return self._binary(other, operator.mod)
+
+    def eq(self, other: Any) -> _Node:
+        return self._binary(other, operator.eq, bool)
+
+    def ne(self, other: Any) -> _Node:
+        return self._binary(other, operator.ne, bool)
+
+    def gt(self, other: Any) -> _Node:
+        return self._binary(other, operator.gt, bool)
+
+    def lt(self, other: Any) -> _Node:
+        return self._binary(other, operator.lt, bool)
+
+    def le(self, other: Any) -> _Node:
+        return self._binary(other, operator.le, bool)
+
+    def ge(self, other: Any) -> _Node:
+        return self._binary(other, operator.ge, bool)
+
+    def sym_min(self, other: Any) -> _Node:
+        return self._binary(other, min)
+
+    def sym_max(self, other: Any) -> _Node:
+        return self._binary(other, max)
+
+    def sym_or(self, other: Any) -> _Node:
+        return self._binary(other, lambda a, b: bool(a or b), bool)
+
+    def sym_and(self, other: Any) -> _Node:
+        return self._binary(other, lambda a, b: bool(a and b), bool)
+
+    def sym_not(self) -> _Node:
+        return self._unary(operator.not_, bool)
+
+    def neg(self) -> _Node:
+        return self._unary(operator.neg)
+
+    def abs(self) -> _Node:
+        return self._unary(abs)
+
+    def ceil(self) -> _Node:
+        return self._unary(math.ceil, int)
+
+    def floor(self) -> _Node:
+        return self._unary(math.floor, int)
+
+    def trunc(self) -> _Node:
+        return self._unary(math.trunc, int)
+
+    def sym_float(self) -> _Node:
+        return self._unary(float, float)
+
+    def sym_int(self) -> _Node:
+        return self._unary(int, int)
+
+    def sym_sum(self, others: Sequence[Any]) -> _Node:
+        total = self
+        for other in others:
+            total = total.add(other)
+        return total
+
+    def sym_ite(self, then: Any, other: Any) -> _Node:
+        k = len(self.values)
+        values = tuple(a if c else b for c, a, b in zip(self.values, _values(then, k), _values(other, k)))
+        return _Node(values, _kind(values[0]))
+
+    def bitwise_and(self, other: Any) -> _Node:
+        return self._binary(other, operator.and_)
+
+    def bitwise_or(self, other: Any) -> _Node:
+        return self._binary(other, operator.or_)
+
+    def lshift(self, other: Any) -> _Node:
+        return self._binary(other, operator.lshift)
+
+    def rshift(self, other: Any) -> _Node:
+        return self._binary(other, operator.rshift)
+
+    # --- layouts, length by length
+    def _layout(self, sizes: Sequence[Any], strides: Sequence[Any],
+                check: Callable[[Sequence[int], Sequence[int]], bool]) -> _Node:
+        k = len(self.values)
+        columns = [_values(s, k) for s in sizes], [_values(s, k) for s in strides]
+        return _Node(tuple(check([s[i] for s in columns[0]], [s[i] for s in columns[1]]) for i in range(k)), bool)
+
+    def is_contiguous(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
+        return self._layout(sizes, strides, _is_contiguous)
+
+    def is_non_overlapping_and_dense(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
+        return self._layout(sizes, strides, _non_overlapping_and_dense)
+
+    def is_channels_last_contiguous_2d(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
+        return self._layout(sizes, strides, _dense_in_order((1, 3, 2, 0)))
+
+    def is_channels_last_contiguous_3d(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
+        return self._layout(sizes, strides, _dense_in_order((1, 4, 3, 2, 0)))
+
+    def is_channels_last_strides_2d(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
+        return self._layout(sizes, strides, _channels_last_strides(4))
+
+    def is_channels_last_strides_3d(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
+        return self._layout(sizes, strides, _channels_last_strides(5))
+
+
+class _Env:
+    """What torch's helpers ask a node's ShapeEnv: a value known for all lengths, or a decision."""
+
+    def _maybe_evaluate_static(self, expr: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(expr, _Node):
+            return expr._one()  # differing answers are a decision the run cannot take
+        return None
+
+    def evaluate_sym_node(self, node: _Node, *args: Any, **kwargs: Any) -> Any:
+        return node._one()
+
+
+_ENV = _Env()
+
+
+def length_of(lengths: Sequence[int]) -> torch.SymInt:
+    """One length holding every length of *lengths* (for inputs built from it)."""
+    return torch.SymInt(_Node(tuple(int(n) for n in lengths), int))
+
+
+def swept(value: Any) -> bool:
+    """Whether *value* (a size, a shape, nested containers) depends on a swept length."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return isinstance(value.node, _Node)
+    if isinstance(value, torch.Tensor):
+        return any(swept(size) for size in value.shape)
+    if isinstance(value, (tuple, list)):
+        return any(swept(item) for item in value)
+    if isinstance(value, dict):
+        return any(swept(item) for item in value.values())
+    return False
+
+
+def spread(value: Any, k: int) -> list[Any]:
+    """*value* at each of the k lengths: sizes become ints, tuples are rebuilt, the rest is repeated."""
+    kind = type(value)
+    if kind is int or kind is str:
+        return [value] * k
+    if kind is tuple:
+        return [tuple(column) for column in zip(*(spread(item, k) for item in value))] if value else [()] * k
+    if kind in (torch.SymInt, torch.SymFloat, torch.SymBool) and type(value.node) is _Node:
+        return list(value.node.values)
+    return [value] * k
+
+
+def at(value: Any, index: int) -> Any:
+    """*value* at the index-th length: sizes become ints, containers are rebuilt, the rest is kept."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and isinstance(value.node, _Node):
+        return value.node.values[index]
+    if isinstance(value, tuple):
+        return tuple(at(item, index) for item in value)
+    if isinstance(value, list):
+        return [at(item, index) for item in value]
+    return value
+
+
+@contextlib.contextmanager
+def one_run() -> Iterator[None]:
+    """Run a model on inputs of swept lengths: raises Diverged if any decision differed between them."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    _STATE["diverged"] = False
+    try:
+        with enable_python_dispatcher():
+            yield
+    finally:
+        diverged, _STATE["diverged"] = _STATE["diverged"], False
+    if diverged:  # raised, then swallowed by something on the way: the run still cannot stand
+        raise Diverged("a decision on the length differed between the lengths")
