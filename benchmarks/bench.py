@@ -215,8 +215,11 @@ def child_against_bare(model: str, n: int, rounds: int) -> dict[str, Any]:
     return best
 
 
-def child_sweep(n: int, lengths: list[int], rounds: int) -> dict[str, Any]:
-    """One profile against a sweep of len(lengths) lengths, BERT-base on meta: interleaved, best of *rounds*."""
+def child_sweep(n: int, lengths: list[int], rounds: int, backend: str) -> dict[str, Any]:
+    """One profile against a sweep of len(lengths) lengths, BERT-base on meta: interleaved, best of *rounds*.
+
+    Also checks that the sweep's profiles are those of one profile per length (the cache cleared between).
+    """
     import torch
 
     from pytest_attncost import clear_cache, profile
@@ -225,74 +228,22 @@ def child_sweep(n: int, lengths: list[int], rounds: int) -> dict[str, Any]:
     _warm_up()
     with torch.device("meta"):
         built = _bert(real=True)
-    profile(built, 16)
+    profile(built, 16, backend=backend)
+    sweep(built, lengths[:3], backend=backend)
     one, many = float("inf"), float("inf")
     for _ in range(rounds):
         clear_cache()
         start = time.perf_counter()
-        profile(built, n)
+        profile(built, n, backend=backend)
         one = min(one, time.perf_counter() - start)
         clear_cache()
         start = time.perf_counter()
-        sweep(built, lengths)
+        swept = sweep(built, lengths, backend=backend)
         many = min(many, time.perf_counter() - start)
-    return {"one": one, "sweep": many}
-
-
-def child_symbolic(n: int, rounds: int) -> dict[str, Any]:
-    """What a sweep's proof would cost: one count with the length as a symbol, against one profile.
-
-    torch's counter on meta tensors whose length is a ShapeEnv symbol (the python dispatcher lets
-    meta kernels take symbolic sizes): the count comes out as a polynomial in n, valid wherever the
-    guards it recorded hold. BERT-base with 1 and with 2 layers (what the layer shortcut traces).
-    """
-    import torch
-    from torch._dispatch.python import enable_python_dispatcher
-    from torch._dynamo.source import ConstantSource
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import BertConfig, BertModel
-
-    from pytest_attncost import clear_cache, profile
-    from pytest_attncost.families import default_inputs
-
-    _warm_up()
-    with torch.device("meta"):
-        built = _bert(real=True)
-        short = {layers: BertModel(BertConfig(num_hidden_layers=layers)).eval() for layers in (1, 2)}
-
-    def symbolic(model: Any) -> tuple[Any, int]:
-        env = ShapeEnv()
-        symbol = env.create_symintnode(env.create_symbol(n, ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC),
-                                       hint=n)
-        args, kwargs = default_inputs(model, symbol, 1)
-        counter = FlopCounterMode(display=False)
-        with enable_python_dispatcher(), counter, torch.no_grad():
-            model(*args, **kwargs)
-        return counter.get_total_flops(), len(env.guards)
-
-    concrete = {}
-    for layers, model in short.items():  # the polynomial must give the concrete count at n
-        counter = FlopCounterMode(display=False)
-        args, kwargs = default_inputs(model, n, 1)
-        with counter, torch.no_grad():
-            model(*args, **kwargs)
-        polynomial, guards = symbolic(model)
-        value = int(polynomial.node.expr.subs(polynomial.node.expr.free_symbols.pop(), n))
-        concrete[layers] = {"exact": value == counter.get_total_flops(), "polynomial": str(polynomial),
-                            "guards": guards}
-    profile(built, 16)
-    one, times = float("inf"), {1: float("inf"), 2: float("inf")}
-    for _ in range(rounds):
-        clear_cache()
-        start = time.perf_counter()
-        profile(built, n)
-        one = min(one, time.perf_counter() - start)
-        for layers, model in short.items():
-            start = time.perf_counter()
-            symbolic(model)
-            times[layers] = min(times[layers], time.perf_counter() - start)
-    return {"one": one, "layers": {str(k): v for k, v in times.items()}, "checks": {str(k): v for k, v in concrete.items()}}
+    clear_cache()
+    alone = [profile(built, length, backend=backend).to_dict() for length in lengths]
+    return {"one": one, "sweep": many, "one_run": swept.one_run,
+            "same": [p.to_dict() for p in swept] == alone}
 
 
 def child_baseline_rss() -> dict[str, Any]:
@@ -304,7 +255,7 @@ def child_baseline_rss() -> dict[str, Any]:
 
 
 CHILDREN = {f.__name__: f for f in (child_fvcore, child_flopcounter, child_meta, child_baseline_rss,
-                                     child_against_bare, child_sweep, child_symbolic)}
+                                     child_against_bare, child_sweep)}
 
 
 def run_child(name: str, **kwargs: Any) -> dict[str, Any]:
@@ -373,19 +324,14 @@ def main() -> int:
             add(f"{label} n={n}: profile(backend={backend!r}) / {floor} (model on meta; interleaved, best of 5)",
                 f"{bare[backend]:.3f} s / {bare['bare']:.3f} s = {ratio:.2f}x", "<= 1.0x", ratio <= 1.0)
     lengths = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-    swept = run_child("child_sweep", n=512, lengths=lengths, rounds=3)
-    ratio = swept["sweep"] / swept["one"]
-    add(f"BERT-base on meta: sweep of {len(lengths)} lengths / one profile at n=512 (best of 3)",
-        f"{swept['sweep']:.2f} s / {swept['one']:.2f} s = {ratio:.2f}x", "<= 2x", ratio <= 2)
-    symbolic = run_child("child_symbolic", n=512, rounds=3)
-    for layers in ("1", "2"):
-        check = symbolic["checks"][layers]
-        seconds = symbolic["layers"][layers]
-        add(f"BERT-base with {layers} layer{'s' if layers == '2' else ''}: one count with n as a symbol "
-            f"(FlopCounterMode, ShapeEnv, meta) / one profile of BERT-base at n=512 (best of 3)",
-            f"{seconds:.3f} s / {symbolic['one']:.3f} s = {seconds / symbolic['one']:.2f}x; "
-            f"{check['polynomial']} FLOP, {check['guards']} guards, equal to the concrete count: {check['exact']}",
-            "report", bool(check["exact"]))
+    for backend in ("torch", "fvcore"):
+        swept = run_child("child_sweep", n=512, lengths=lengths, rounds=5, backend=backend)
+        ratio = swept["sweep"] / swept["one"]
+        how = "one run for all lengths" if swept["one_run"] else "one count per length"
+        add(f"BERT-base on meta, backend={backend!r}: sweep of {len(lengths)} lengths ({how}) / one profile at "
+            f"n=512 (interleaved, best of 5)",
+            f"{swept['sweep']:.3f} s / {swept['one']:.3f} s = {ratio:.2f}x; profiles equal to one per length: "
+            f"{swept['same']}", "<= 2x", ratio <= 2 and swept["same"])
 
     fv_512, fv_long = run_child("child_fvcore", n=512, rounds=3), run_child("child_fvcore", n=long_n, rounds=1)
     ratio = fv_512["ours"] / fv_512["seconds"]

@@ -383,6 +383,7 @@ class _Setup:
     bidirectional: frozenset[str]
     containers: list[str]
     experts: Any
+    rows: dict[Any, dict[str, tuple[str, int, str]]] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def sizes(self) -> dict[str, tuple[str, int]]:
@@ -556,9 +557,14 @@ def _look_inside(target: nn.Module, model_name: str, raw: RawCount, call: Callab
 def _module_rows(setup: _Setup, assigned: Mapping[str, str], structure: roles_mod.Structure | None
                  ) -> dict[str, tuple[str, int, str]]:
     """Every module's class, parameters and role, for Profile.table()."""
-    layers = set(structure.layers) if structure is not None else set()
-    return {name: (kind, size, "layer" if name in layers else roles_mod.role_of(name, assigned) or "other")
+    layers = tuple(structure.layers) if structure is not None else ()
+    key = (tuple(assigned.items()), layers)  # a sweep's lengths mostly find the same roles
+    rows = setup.rows.get(key)
+    if rows is None:
+        rows = setup.rows[key] = {
+            name: (kind, size, "layer" if name in layers else roles_mod.role_of(name, assigned) or "other")
             for name, (kind, size) in setup.sizes.items()}
+    return rows
 
 
 def _warnings(result: Profile, parts: roles_mod.Split, structure: roles_mod.Structure | None, raw: RawCount) -> list[str]:

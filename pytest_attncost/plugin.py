@@ -244,6 +244,8 @@ class AttncostFixture:
 
         if profile_kwargs.get("batch") is None and self._bounds is not None and self._bounds.batch is not None:
             profile_kwargs["batch"] = self._bounds.batch
+        if profile_kwargs.get("backend") is None:  # as attncost.profile(): --attncost-backend / attncost_backend
+            profile_kwargs["backend"] = self._item.config.stash[SETTINGS_KEY].backend
         result = sweep(model, ns, **profile_kwargs)
         self._item.stash.setdefault(PROFILES_KEY, []).extend(result)
         self._item.stash.setdefault(SWEEPS_KEY, []).append(result)

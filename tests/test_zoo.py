@@ -31,6 +31,7 @@ from typing import Any, Callable
 import pytest
 
 from pytest_attncost import clear_cache, profile
+from pytest_attncost.api import sweep
 from pytest_attncost.counting import full_trace
 
 # The shape every row shares unless it says otherwise.
@@ -390,6 +391,14 @@ def test_zoo_backends_agree_forward_and_train(family: Case, kwargs: dict[str, An
     expected = family.expected(family.n, family.batch)
     assert {p: getattr(th, p) for p in parts} == expected
     assert {p: getattr(train, p) for p in parts} == {p: 3 * v for p, v in expected.items()}
+    if family.n == N:  # text models (an image model's n is its image's: no lengths to sweep)
+        # a torch sweep counts its lengths in one run: at N the whole profile counted alone (checked
+        # against the full trace above), at 40 the hand count
+        clear_cache()
+        swept = sweep(factory, [N, 40], batch=family.batch, backend="torch")
+        assert swept.one_run and swept[0].to_dict() == th.to_dict()
+        assert {p: getattr(swept[1], p) for p in parts} == family.expected(40, family.batch)
+        assert len(swept[1].warnings) == len(th.warnings) and swept[1].notes == th.notes  # warnings name MACs
 
 
 #: Rows whose layers are not all alike, and the layers the shortcut copies (the others traced).

@@ -1,0 +1,175 @@
+"""Sweeps in one run (issue 15): a torch-backend sweep counts every length with one forward pass
+whose length holds each length's value. Exact at every length, or counted one length at a time."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+import torch
+from torch import nn
+
+import tiny_models as tm
+from pytest_attncost import clear_cache, lengths, profile
+from pytest_attncost.api import sweep
+from test_counting import expected
+
+D, H, F = tm.HIDDEN, tm.HEADS, tm.FFN
+
+
+# --- a length holding several values --------------------------------------------------------
+
+
+def test_arithmetic_is_done_length_by_length():
+    values = [8, 12, 40]
+    n = lengths.length_of(values)
+    cases = [
+        (n * 3 + 1, [25, 37, 121]),
+        (n // 5, [1, 2, 8]),
+        (n % 7, [1, 5, 5]),
+        (-n + 10, [2, -2, -30]),
+        (n * n - n, [56, 132, 1560]),
+        (torch.sym_max(n, 10), [10, 12, 40]),
+        (torch.sym_min(n, 10), [8, 10, 10]),
+        (n / 4, [2.0, 3.0, 10.0]),
+        (n > 10, [False, True, True]),
+        (n == 12, [False, True, False]),
+    ]
+    for value, want in cases:
+        assert lengths.spread(value, 3) == want
+    assert lengths.spread((1, n, (n * 2, 5)), 3) == [(1, 8, (16, 5)), (1, 12, (24, 5)), (1, 40, (80, 5))]
+
+
+def test_a_decision_must_be_the_same_at_every_length():
+    n = lengths.length_of([8, 40])
+    assert bool(n > 4) and int(n - n + 3) == 3 and (n * 0 + 2) == 2  # the same answer everywhere: taken
+    for decide in (lambda: bool(n > 10), lambda: int(n), lambda: range(n), lambda: n == 8 or 0):
+        with pytest.raises(lengths.Diverged):
+            decide()
+    # not an Exception: a model's `except Exception:` cannot swallow it and carry on down one branch
+    assert not issubclass(lengths.Diverged, Exception)
+
+
+def test_one_run_leaves_torch_as_it_was_and_catches_a_swallowed_decision():
+    from torch._subclasses import fake_impls
+
+    before = dict(fake_impls.op_implementations_dict)
+    with lengths.one_run():
+        assert fake_impls.op_implementations_dict != before  # views go to the meta kernel during the run
+    assert fake_impls.op_implementations_dict == before
+    with pytest.raises(lengths.Diverged):
+        with lengths.one_run():
+            bool(lengths.length_of([1, 2]) > 1)
+    assert fake_impls.op_implementations_dict == before
+    with pytest.raises(lengths.Diverged):  # swallowed on the way, still refused
+        with lengths.one_run():
+            try:
+                bool(lengths.length_of([1, 2]) > 1)
+            except BaseException:  # noqa: BLE001 - what a careless model might do
+                pass
+    with lengths.one_run():  # the next run starts clean
+        assert bool(lengths.length_of([1, 2]) > 0)
+
+
+# --- sweeps -----------------------------------------------------------------------------------
+
+
+def parts(p):
+    return p.attention_core, p.attention_proj, p.ffn
+
+
+@pytest.mark.parametrize(("build", "shape"), [
+    (tm.torch_encoder, {}),
+    (lambda: tm.llama_like(kv_heads=1), {"gated": True, "g": 1}),
+], ids=["torch-encoder", "llama-gqa"])
+def test_a_torch_sweep_is_one_run_and_every_profile_is_the_one_at_its_length(build, shape):
+    model = build()
+    clear_cache()
+    ns = [16, 40, 100]
+    swept = sweep(model, ns, backend="torch")
+    assert swept.one_run and swept.lengths == ns
+    clear_cache()
+    for p, n in zip(swept, ns):
+        assert parts(p) == expected(n, 1, **shape), n  # the hand count at each length
+        alone = profile(model, n, backend="torch")
+        assert p.to_dict() == alone.to_dict(), n  # and all of the profile counted at that length alone
+    if shape:  # Mistral-like: (F - P) / 2hd = 576, (F + P) / 2hd = 960 (see test_sweep.py)
+        assert (swept.crossover(), swept.quadratic_crossover()) == (Fraction(576), Fraction(960))
+
+
+class Branchy(nn.TransformerEncoder):
+    """Runs one more Linear above 20 tokens: the lengths of a sweep across 20 take two branches."""
+
+    def __init__(self, swallow: bool = False) -> None:
+        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        self.extra = nn.Linear(D, D)
+        self.swallow = swallow
+
+    def forward(self, src, *args, **kwargs):
+        out = super().forward(src, *args, **kwargs)
+        try:
+            if src.shape[1] > 20:
+                out = self.extra(out)
+        except BaseException:  # noqa: BLE001 - a model that hides its errors
+            if not self.swallow:
+                raise
+        return out
+
+
+@pytest.mark.parametrize("swallow", [False, True], ids=["raises", "swallows"])
+def test_lengths_that_take_different_branches_are_counted_one_by_one(swallow):
+    clear_cache()
+    swept = sweep(Branchy(swallow), [16, 32, 64], backend="torch")
+    assert not swept.one_run
+    assert [p.other for p in swept] == [0, 32 * D * D, 64 * D * D]  # the extra Linear where it ran
+    assert [parts(p) for p in swept] == [expected(n, 1) for n in (16, 32, 64)]
+    # on one side of the branch the lengths agree: one run again
+    assert sweep(Branchy(swallow), [24, 32], backend="torch").one_run
+
+
+def test_what_one_run_does_not_cover_is_counted_per_length():
+    clear_cache()
+    assert not sweep(tm.torch_encoder(), [16, 32]).one_run  # fvcore's tracer takes one length at a time
+    assert not sweep(tm.torch_encoder(), [16, 32], backend="torch", mode="train").one_run
+    assert not sweep(tm.torch_encoder(), [16], backend="torch").one_run  # nothing to share
+    hand = sweep(tm.HandWritten(), [16, 32], backend="torch", roles=tm.HAND_ROLES,
+                 inputs=lambda n, b: (torch.zeros(b, n, D),))
+    assert not hand.one_run and [parts(p) for p in hand] == [expected(16, 1), expected(32, 1)]
+    with pytest.raises(Exception, match="ns must hold distinct lengths"):
+        sweep(tm.torch_encoder(), [16, 16], backend="torch")
+
+
+def test_the_model_is_left_as_it_was():
+    model = tm.llama_like()
+    model.train()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    clear_cache()
+    assert sweep(model, [16, 48], backend="torch").one_run
+    assert model.training and all(m.training for m in model.modules())
+    after = model.state_dict()
+    assert list(after) == list(state) and all(torch.equal(after[k], v) and after[k].device == v.device
+                                              for k, v in state.items())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_the_fixture_sweeps_with_the_sessions_backend(project):
+    project.makepyfile("""
+        import pytest
+        from pytest_attncost import clear_cache, profile
+        from tiny_models import llama_like
+
+        @pytest.mark.attncost(crossover_min=576, crossover_max=576, crossover_rtol=0)
+        def test_sweep(attncost):
+            model = llama_like(kv_heads=1)
+            sweep = attncost.sweep(model, [100, 333, 1000])
+            assert sweep.one_run and [p.backend for p in sweep] == ["torch"] * 3
+            clear_cache()
+            assert [p.to_dict() for p in sweep] == [profile(model, n, backend="torch").to_dict() for n in sweep.lengths]
+    """)
+    result = project.runpytest("--attncost-backend=torch", "--attncost-json=report.json", "--attncost-report")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*attention = FFN at n=576 (formula 576)*"])
+    rows = json.loads((project.path / "report.json").read_text())
+    assert sorted(p["n"] for p in rows["profiles"]) == [100, 333, 1000]
+    assert {p["backend"] for p in rows["profiles"]} == {"torch"}
