@@ -173,3 +173,17 @@ def test_the_fixture_sweeps_with_the_sessions_backend(project):
     rows = json.loads((project.path / "report.json").read_text())
     assert sorted(p["n"] for p in rows["profiles"]) == [100, 333, 1000]
     assert {p["backend"] for p in rows["profiles"]} == {"torch"}
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_causal_half_is_the_same_in_one_run(impl):
+    model = tm.llama_like(attn_implementation=impl)
+    clear_cache()
+    swept = sweep(model, [16, 40], backend="torch", causal="half")
+    assert swept.one_run and all(p.causal_applied for p in swept)
+    # QK^T and AV over the n(n+1)/2 query-key pairs of causal attention, per layer and head
+    assert [p.attention_core for p in swept] == [tm.LAYERS * H * (n * (n + 1) // 2) * 2 * tm.HEAD_DIM
+                                                 for n in (16, 40)]
+    clear_cache()
+    assert [p.to_dict() for p in swept] == [profile(model, n, backend="torch", causal="half").to_dict()
+                                            for n in (16, 40)]
