@@ -524,10 +524,20 @@ def _profile(argv: Sequence[str]) -> int:
         factory = load_factory(args.target)
     except TargetError as exc:
         parser.error(str(exc))
-    from .api import ProfileError, profile
+    from .api import ProfileError, profile, sweep
 
     rows = []
-    for n in args.n:
+    one_run = False
+    if args.backend == "torch" and len(set(args.n)) == len(args.n) > 1:
+        try:  # the torch backend counts a sweep's lengths in one run; any trouble, and each n is counted alone
+            swept = sweep(factory, args.n, batch=args.batch, backend="torch")
+        except ProfileError:
+            swept = None
+        if swept is not None:
+            one_run = swept.one_run
+            by_n = {p.n: p for p in swept}
+            rows = [reporting.Row(args.target, by_n[n]) for n in args.n]
+    for n in args.n if not rows else ():
         try:
             result = profile(factory, n, batch=args.batch, backend=args.backend)
         except ProfileError as exc:
@@ -543,7 +553,8 @@ def _profile(argv: Sequence[str]) -> int:
     body = [[f"{p.n:,}", f"{p.total:,}", f"{p.attention_core:,}", f"{p.attention_proj:,}", f"{p.ffn:,}",
              f"{p.other:,}", f"{p.attention_share:.4f}", _deviation(p.deviation), str(len(p.warnings))]
             for p in (r.profile for r in rows)]
-    lines = [f"{args.target}: {first.name}, batch {args.batch}, counted by {first.backend}, "
+    how = " (one run for all lengths)" if one_run else ""
+    lines = [f"{args.target}: {first.name}, batch {args.batch}, counted by {first.backend}{how}, "
              "whole model in MAC (1 MAC = 2 FLOP):",
              *reporting.table(headers, body, right=range(len(headers)), rule=False),
              "attn share is attention / (attention + FFN); deviation is the largest relative difference "

@@ -193,8 +193,21 @@ def test_profile_a_dotted_module_with_batch_and_backend(monkeypatch, capsys):
     monkeypatch.chdir(TINY.parent)
     assert cli.main(["profile", "tiny_models:gpt2_like", "--n", "8", "--batch", "2", "--backend", "torch"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("tiny_models:gpt2_like: GPT2Model, batch 2, counted by torch")
+    assert lines[0].startswith("tiny_models:gpt2_like: GPT2Model, batch 2, counted by torch, ")
     assert lines[2].split()[0] == "8"
+
+
+def test_profile_several_lengths_with_the_torch_backend_is_one_run(capsys):
+    from pytest_attncost import clear_cache, profile
+    from tiny_models import gpt2_like
+
+    assert cli.main(["profile", f"{TINY}:gpt2_like", "--n", "40", "8", "--backend", "torch", "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)["profiles"]
+    clear_cache()
+    assert sorted((e["n"], e["attention_core"], e["ffn"], e["other"]) for e in entries) == [
+        (p.n, p.attention_core, p.ffn, p.other) for p in (profile(gpt2_like, n, backend="torch") for n in (8, 40))]
+    assert cli.main(["profile", f"{TINY}:gpt2_like", "--n", "40", "8", "--backend", "torch"]) == 0
+    assert "counted by torch (one run for all lengths)" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_profile_json_is_a_report_compare_reads(tmp_path, capsys):
