@@ -564,7 +564,7 @@ def _module_rows(setup: _Setup, assigned: Mapping[str, str], structure: roles_mo
         rows = setup.rows[key] = {
             name: (kind, size, "layer" if name in layers else roles_mod.role_of(name, assigned) or "other")
             for name, (kind, size) in setup.sizes.items()}
-    return rows
+    return dict(rows)  # each profile its own
 
 
 def _warnings(result: Profile, parts: roles_mod.Split, structure: roles_mod.Structure | None, raw: RawCount) -> list[str]:
@@ -776,6 +776,26 @@ def sweep(
     return Sweep([profile(target, n, **profile_kwargs) for n in lengths])
 
 
+#: Attention and expert implementations that are transformers' own code (others are registered by users).
+_BUILT_IN_IMPLEMENTATIONS = (None, "eager", "sdpa", "batched_mm", "grouped_mm")
+
+
+def _library_code(twin: nn.Module) -> bool:
+    """Whether every module runs torch's or transformers' own forward, with their own attention and experts.
+
+    That code is written to run with symbolic sizes (torch.compile, torch.export with dynamic lengths):
+    it decides on sizes' values, which a one-run sweep checks, never on their type.
+    """
+    for module in twin.modules():
+        if type(module).__module__.split(".")[0] not in ("torch", "transformers") or "forward" in vars(module):
+            return False
+        config = vars(module).get("config")
+        if config is not None and any(getattr(config, key, None) not in _BUILT_IN_IMPLEMENTATIONS
+                                      for key in ("_attn_implementation", "_experts_implementation")):
+            return False
+    return True
+
+
 def _one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> list[Profile] | None:
     """The torch backend's sweep: every length counted in one run (see lengths.py); None where that cannot be.
 
@@ -808,9 +828,24 @@ def _one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> l
             return None  # inputs that do not depend on n (an image model): nothing to sweep in one run
         with _quiet_torch_logs():
             setup = _Setup.of(target, model_name, spec, spec_note, options)
+            library = _library_code(setup.twin)
             raw = count_forward_torch(setup.twin, args, kwargs_in, buffer_masks=setup.masks)
+            state = [t.shape for t in (*setup.twin.parameters(), *setup.twin.buffers())]
+            if lengths_mod.swept(state):
+                return None  # the forward made state of the lengths' sizes (a lazily sized table): one at a time
+            raws = at_lengths(raw, len(lengths))
+            if not library:
+                # code of the user's own: a branch on the *type* of a size (isinstance(n, int)) would go one way
+                # at every length without a decision on a value; the first length counted alone must agree
+                twin = meta_twin(target)
+                families.prepare_twin(twin)
+                alone = count_forward_torch(twin, *default_inputs(target, lengths[0], batch), buffer_masks=setup.masks)
+                first = raws[0]
+                if (alone.total, alone.records, alone.by_module, alone.unsupported_ops) != (
+                        first.total, first.records, first.by_module, first.unsupported_ops):
+                    return None
             profiles = []
-            for n, raw_n in zip(lengths, at_lengths(raw, len(lengths))):
+            for n, raw_n in zip(lengths, raws):
                 at_n, kwargs_n = default_inputs(target, n, batch)
                 profiles.append(_finish(setup, raw_n, "torch", None, None, at_n, kwargs_n, None, n, batch, batch_given,
                                         roles, spec_read))

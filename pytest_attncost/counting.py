@@ -1725,13 +1725,15 @@ def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}))
 
 
-def _fake(mode: Any, leaf: Any) -> Any:
+def _fake(mode: Any, leaf: Any, made: dict[int, Any]) -> Any:
     if not isinstance(leaf, torch.Tensor):
         return leaf
-    if lengths_mod.swept(leaf):  # sizes of swept lengths: a fake tensor made anew (from_tensor wants a ShapeEnv)
-        with mode:
-            return torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device=leaf.device,
-                                       requires_grad=leaf.requires_grad)
+    if lengths_mod.swept(leaf):  # sizes of swept lengths: a fake tensor made anew (from_tensor wants a ShapeEnv),
+        if id(leaf) not in made:  # once per tensor, as from_tensor does: MHA's (x, x, x) stays one tensor
+            with mode:
+                made[id(leaf)] = torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device=leaf.device,
+                                                     requires_grad=leaf.requires_grad)
+        return made[id(leaf)]
     return mode.from_tensor(leaf)
 
 
@@ -1752,7 +1754,8 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     try:
         with _no_global_hooks(), torch.random.fork_rng(devices=[]), mode:
             if fake:
-                args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf), (args, kwargs))
+                made: dict[int, Any] = {}
+                args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf, made), (args, kwargs))
             with counter, torch.set_grad_enabled(train):
                 output = model(*args, **kwargs)
                 if train:

@@ -17,6 +17,7 @@ polynomial is fitted and nothing is assumed about how counts grow with n.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import math
 import operator
@@ -52,41 +53,43 @@ _KINDS: dict[type, type] = {int: int, bool: bool, float: float}
 
 
 def _is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    # c10's _compute_contiguous
+    if math.prod(sizes) == 0:
+        return True
     expected = 1
     for size, stride in zip(reversed(sizes), reversed(strides)):
-        if size == 0:
-            return True
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
     return True
 
 
 def _dense_in_order(order: Sequence[int]) -> Callable[[Sequence[int], Sequence[int]], bool]:
+    # c10's compute_channels_last_contiguous_{2,3}d
     def check(sizes: Sequence[int], strides: Sequence[int]) -> bool:
         if len(sizes) != len(order):
             return False
         expected = 1
         for dim in order:
-            if sizes[dim] == 0:
-                return True
-            if sizes[dim] != 1 and strides[dim] != expected:
-                return False
-            expected *= sizes[dim]
+            if sizes[dim] != 1:
+                if strides[dim] != expected:
+                    return False
+                expected *= sizes[dim]
         return True
 
     return check
 
 
 def _non_overlapping_and_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    # c10's _compute_non_overlapping_and_dense: dims of size 0 or 1 sorted last, where the check ends
     if len(sizes) == 1:
         return sizes[0] < 2 or strides[0] == 1
+    order = sorted(range(len(sizes)), key=lambda d: (sizes[d] < 2, strides[d] if sizes[d] >= 2 else 0))
     expected = 1
-    for dim in sorted(range(len(sizes)), key=lambda d: (strides[d], d)):
-        if sizes[dim] == 0:
+    for dim in order:
+        if sizes[dim] < 2:
             return True
-        if sizes[dim] == 1:
-            continue
         if strides[dim] != expected:
             return False
         expected *= sizes[dim]
@@ -94,7 +97,7 @@ def _non_overlapping_and_dense(sizes: Sequence[int], strides: Sequence[int]) -> 
 
 
 def _channels_last_strides(rank: int) -> Callable[[Sequence[int], Sequence[int]], bool]:
-    # c10's is_channels_last_strides_{2,3}d: strides decreasing in the order C, W, H(, D), N
+    # c10's is_channels_last_strides_{2,3}d_s{4,5}: strides decreasing in the order C, W, H(, D), N
     def check(sizes: Sequence[int], strides: Sequence[int]) -> bool:
         if len(sizes) != rank or strides[1] == 0:
             return False
@@ -333,6 +336,29 @@ class _Node:
         k = len(self.values)
         values = tuple(a if c else b for c, a, b in zip(self.values, _values(then, k), _values(other, k)))
         return _Node(values, _kind(values[0]))
+
+    def pos(self) -> _Node:
+        return self._unary(operator.pos)
+
+    def round(self, ndigits: Any = None) -> _Node:
+        return self._unary(round) if ndigits is None else self._unary(lambda v: round(v, ndigits))
+
+    def sym_sqrt(self) -> _Node:
+        return self._unary(math.sqrt, float)
+
+    def is_integer(self) -> _Node:
+        return self._unary(lambda v: float(v).is_integer(), bool)
+
+    def bitwise_xor(self, other: Any) -> _Node:
+        return self._binary(other, operator.xor)
+
+    def __getattr__(self, name: builtins.str) -> Any:  # `str` is a method of the node here
+        # a part of torch's SymNode protocol this node lacks: the run cannot stand for every length (an
+        # AttributeError a model swallows would otherwise send every length down one branch)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _STATE["diverged"] = True
+        raise Diverged(f"a swept length cannot answer {name!r}")
 
     def bitwise_and(self, other: Any) -> _Node:
         return self._binary(other, operator.and_)

@@ -35,6 +35,7 @@ def test_arithmetic_is_done_length_by_length():
         (n / 4, [2.0, 3.0, 10.0]),
         (n > 10, [False, True, True]),
         (n == 12, [False, True, False]),
+        (round(n / 16), [0, 1, 2]),  # Python's rounding: half to even
     ]
     for value, want in cases:
         assert lengths.spread(value, 3) == want
@@ -49,6 +50,8 @@ def test_a_decision_must_be_the_same_at_every_length():
             decide()
     # not an Exception: a model's `except Exception:` cannot swallow it and carry on down one branch
     assert not issubclass(lengths.Diverged, Exception)
+    with pytest.raises(lengths.Diverged, match="cannot answer 'some_method'"):
+        n.node.some_method  # a part of torch's protocol the node lacks fails the run, not just the call
 
 
 def test_one_run_leaves_torch_as_it_was_and_catches_a_swallowed_decision():
@@ -187,3 +190,93 @@ def test_causal_half_is_the_same_in_one_run(impl):
     clear_cache()
     assert [p.to_dict() for p in swept] == [profile(model, n, backend="torch", causal="half").to_dict()
                                             for n in (16, 40)]
+
+
+# --- what the values alone do not show (found in review) -------------------------------------
+
+
+class TypeBranch(nn.TransformerEncoder):
+    """Branches on the type of a size: a SymInt is not an int, so no decision on a value is taken."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        self.extra = nn.Linear(D, D)
+
+    def forward(self, src, *args, **kwargs):
+        out = super().forward(src, *args, **kwargs)
+        if not isinstance(src.shape[1], int):
+            out = self.extra(out)
+        return out
+
+
+class Passes(nn.TransformerEncoder):
+    """round(n / 16) passes of a Linear, and one pass if that cannot be computed."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        self.mix = nn.Linear(D, D)
+
+    def forward(self, src, *args, **kwargs):
+        out = super().forward(src, *args, **kwargs)
+        try:
+            passes = round(src.shape[1] / 16)
+        except Exception:  # noqa: BLE001 - a model that hides its errors
+            passes = 1
+        for _ in range(passes):
+            out = self.mix(out)
+        return out
+
+
+class LazyTable(nn.TransformerEncoder):
+    """A positional table made on the first call, as long as that call's input."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        self.pos = nn.Module()
+
+    def forward(self, src, *args, **kwargs):
+        if not hasattr(self.pos, "table"):
+            self.pos.table = nn.Parameter(torch.zeros(1, src.shape[1], D, device=src.device))
+        return super().forward(src + self.pos.table, *args, **kwargs)
+
+
+@pytest.mark.parametrize(("model", "other"), [
+    (TypeBranch, lambda n: 0),  # never an int's other branch when counted alone
+    (Passes, lambda n: round(n / 16) * n * D * D),  # 1 pass at 16, round(2.5) = 2 at 40
+    (LazyTable, lambda n: 0),
+], ids=["type-of-a-size", "swallowed-error", "state-of-the-length"])
+def test_what_the_lengths_values_do_not_show_is_counted_per_length(model, other):
+    clear_cache()
+    swept = sweep(model(), [16, 40], backend="torch")
+    assert not swept.one_run
+    assert [p.other for p in swept] == [other(16), other(40)]
+    assert [parts(p) for p in swept] == [expected(16, 1), expected(40, 1)]
+    if model is LazyTable:
+        assert [p.modules["pos"][1] for p in swept] == [16 * D, 40 * D]  # ints, each length's own table
+
+
+def test_one_input_passed_three_times_stays_one_tensor():
+    """nn.MultiheadAttention(x, x, x) projects q, k, v with one packed product when they are one tensor."""
+    from pytest_attncost import api, families
+    from pytest_attncost.counting import at_lengths, count_forward_torch, meta_twin
+
+    mha = nn.MultiheadAttention(D, H, batch_first=True)
+    ns = [16, 40]
+    swept = at_lengths(count_forward_torch(meta_twin(mha), *api.default_inputs(mha, lengths.length_of(ns), 1)), 2)
+    for raw, n in zip(swept, ns):
+        alone = count_forward_torch(meta_twin(mha), *api.default_inputs(mha, n, 1))
+        assert raw.records == alone.records
+        assert raw.records[0].shapes == ((3 * D,), (n, D), (D, 3 * D))  # the packed in-projection
+
+
+def test_only_torch_and_transformers_code_skips_the_check_against_one_length():
+    from pytest_attncost.api import _library_code
+
+    assert _library_code(tm.torch_encoder()) and _library_code(tm.llama_like())
+    assert not _library_code(TypeBranch()) and not _library_code(tm.HandWritten())
+    patched = tm.torch_encoder()
+    patched.layers[0].forward = lambda *a, **k: None  # an instance's own forward
+    assert not _library_code(patched)
+    custom = tm.llama_like()
+    custom.config._attn_implementation = "my_attention"  # a function the user registered
+    assert not _library_code(custom)
