@@ -1786,16 +1786,23 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     records = recorder.finish()
     if recorder.repeats is not None:
         recorder.check_copies(records)
-    names = [name for name, _ in model.named_modules()]
+    classes = {name: type(module).__name__ for name, module in model.named_modules()}
+    copied = tuple(name for _, name, _, _ in recorder.copies)
+    if any(isinstance(r.macs, torch.SymInt) for r in records):  # several lengths: summed per length by at_lengths
+        return RawCount(total=0, records=records, unsupported_ops=recorder.unsupported, by_module={},
+                        module_names=classes, copied_layers=copied)
+    return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=recorder.unsupported,
+                    by_module=_module_totals(records, list(classes)), module_names=classes, copied_layers=copied)
+
+
+def _module_totals(records: list[OpRecord], names: list[str]) -> dict[str, int]:
+    """Each module's MACs, its descendants' included."""
     by_module = dict.fromkeys(names, 0)
     for record in records:
         for name in _enclosing(record.scope):
             if name in by_module:
                 by_module[name] += record.macs
-    classes = {name: type(module).__name__ for name, module in model.named_modules()}
-    copied = tuple(name for _, name, _, _ in recorder.copies)
-    return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=recorder.unsupported,
-                    by_module=by_module, module_names=classes, copied_layers=copied)
+    return by_module
 
 
 def at_lengths(raw: RawCount, k: int) -> list[RawCount]:
@@ -1806,9 +1813,9 @@ def at_lengths(raw: RawCount, k: int) -> list[RawCount]:
     for record, column in zip(raw.records, columns):
         for out, (macs, shapes, out_shape) in zip(records, column):
             out.append(OpRecord(record.op, record.scope, macs, record.origin, shapes, out_shape, record.mask))
-    totals = spread(raw.total, k)
-    by_module = [dict(zip(raw.by_module, values)) for values in zip(*(spread(v, k) for v in raw.by_module.values()))]
-    return [dataclasses.replace(raw, total=totals[i], records=records[i], by_module=by_module[i]) for i in range(k)]
+    names = list(raw.module_names)
+    return [dataclasses.replace(raw, total=sum(r.macs for r in mine), records=mine,
+                                by_module=_module_totals(mine, names)) for mine in records]
 
 
 def _enclosing(scope: str) -> Iterator[str]:

@@ -210,15 +210,17 @@ def find_structure(
 
     cores = core_scopes(records)
     param_scopes = [r.scope for r in records if _is_product(r) and r.origin == "param"]
+    beneath: dict[str, list[str]] = {}  # module -> the parameter products' scopes within it (repeats kept)
+    for p in param_scopes:
+        for a in _ancestors(p):
+            beneath.setdefault(a, []).append(p)
     layer_of: dict[str, str | None] = {}
     for scope in cores:
         elements = [a for a in _ancestors(scope) if a and _parent(a) in boxes]  # innermost first
         chosen: str | None = None
         for element in elements:
             child = child_of(element, scope)
-            if child != element and any(
-                _within(p, element) and not _within(p, child) for p in param_scopes
-            ):
+            if child != element and any(not _within(p, child) for p in beneath.get(element, ())):
                 chosen = element
                 break
         if chosen is None and elements:
@@ -229,7 +231,7 @@ def find_structure(
         for scope in cores:
             layer_of[scope] = next(
                 (a for a in _ancestors(scope) if (child := child_of(a, scope)) != a
-                 and any(_within(p, a) and not _within(p, child) for p in param_scopes)),
+                 and any(not _within(p, child) for p in beneath.get(a, ()))),
                 "",
             )
     layers: dict[str, None] = {}
@@ -254,18 +256,18 @@ def find_structure(
         for sibling in sorted(boxes) if container else ():  # the root's list has no sibling lists
             if sibling == container or _parent(sibling) != _parent(container):
                 continue
-            found = Counter(_child_towards(sibling, p) for p in param_scopes if _within(p, sibling) and p != sibling)
+            found = Counter(_child_towards(sibling, p) for p in beneath.get(sibling, ()) if p != sibling)
             names = sorted(e[len(sibling) + 1 if sibling else 0:] for e in found)
             # XLM's ffns[i] beside attentions[i]: one MLP (two products or more) per layer, no attention; and
             # layers whose own parameter products are no more than an attention's projections (Q, K, V, O)
             if (names == indices and min(found.values()) >= 2 and not any(_within(c, sibling) for c in cores)
-                    and all(sum(_within(p, layer) for p in param_scopes) <= 4 for layer in mine)):
+                    and all(len(beneath.get(layer, ())) <= 4 for layer in mine)):
                 parallel.update(dict.fromkeys(sorted(found)))
                 inline = {layer: None for layer in inline if _parent(layer) != container}
                 paired.update(dict.fromkeys(mine))
         # elements beside the layers that run no attention but hold a layer's worth of products (a mixer
         # and an MLP: three or more); a head or a norm kept in the same list is not a layer
-        others = Counter(_child_towards(container, p) for p in param_scopes if p != container and _within(p, container))
+        others = Counter(_child_towards(container, p) for p in beneath.get(container, ()) if p != container)
         for element, products in others.items():
             if element not in layers and products >= 3 and not any(_within(c, element) for c in cores):
                 bare.setdefault(element, None)
@@ -420,8 +422,13 @@ def split(
     records = list(records)
     # a router's module: its backward products (train mode) belong to it too
     routers = {r.scope for r in records if experts and _is_product(r) and r.origin == "param" and _router(r, experts)}
+    role_at: dict[str, str | None] = {}  # per scope: records share scopes, roles are per module
+    layer_at: dict[str, str | None] = {}
+    root_at: dict[str, str] = {}
     for record in records:
-        role = role_of(record.scope, roles)
+        role = role_at.get(record.scope, "")
+        if role == "":
+            role = role_at[record.scope] = role_of(record.scope, roles)
         macs = record.macs
         router = False
         if _is_fused(record) or _is_product(record):
@@ -444,11 +451,15 @@ def split(
         if router:
             result.ffn_router += macs
         if bucket == "ffn" and layers:
-            layer = next((name for name in layers if _within(record.scope, name)), None)
+            if record.scope not in layer_at:
+                layer_at[record.scope] = next((name for name in layers if _within(record.scope, name)), None)
+            layer = layer_at[record.scope]
             if layer is not None:
                 result.layer_ffn[layer] = result.layer_ffn.get(layer, 0) + macs
         if role == "attention":
-            root = _attention_root(record.scope, roles)
+            if record.scope not in root_at:
+                root_at[record.scope] = _attention_root(record.scope, roles)
+            root = root_at[record.scope]
             seen_modules.setdefault(root, None)
         else:
             root = record.scope
