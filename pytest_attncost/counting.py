@@ -1808,14 +1808,27 @@ def _module_totals(records: list[OpRecord], names: list[str]) -> dict[str, int]:
 def at_lengths(raw: RawCount, k: int) -> list[RawCount]:
     """A count made for k lengths at once (see lengths.py), as k counts, one per length."""
     spread = lengths_mod.spread
-    columns = [zip(spread(r.macs, k), spread(r.shapes, k), spread(r.out_shape, k)) for r in raw.records]
     records: list[list[OpRecord]] = [[] for _ in range(k)]
-    for record, column in zip(raw.records, columns):
-        for out, (macs, shapes, out_shape) in zip(records, column):
-            out.append(OpRecord(record.op, record.scope, macs, record.origin, shapes, out_shape, record.mask))
-    names = list(raw.module_names)
-    return [dataclasses.replace(raw, total=sum(r.macs for r in mine), records=mine,
-                                by_module=_module_totals(mine, names)) for mine in records]
+    new = object.__new__
+    for record in raw.records:
+        fields = vars(record)
+        for out, macs, shapes, out_shape in zip(records, spread(record.macs, k), spread(record.shapes, k),
+                                                spread(record.out_shape, k)):
+            copy = new(OpRecord)  # a frozen dataclass: its fields set directly, k times per record
+            vars(copy).update(fields, macs=macs, shapes=shapes, out_shape=out_shape)
+            out.append(copy)
+    # each record's enclosing modules, once for all lengths
+    names = set(raw.module_names)
+    enclosing = {scope: [name for name in _enclosing(scope) if name in names]
+                 for scope in {r.scope for r in raw.records}}
+    counts = []
+    for mine in records:
+        by_module = dict.fromkeys(raw.module_names, 0)
+        for record in mine:
+            for name in enclosing[record.scope]:
+                by_module[name] += record.macs
+        counts.append(dataclasses.replace(raw, total=sum(r.macs for r in mine), records=mine, by_module=by_module))
+    return counts
 
 
 def _enclosing(scope: str) -> Iterator[str]:

@@ -118,6 +118,23 @@ def _channels_last_strides(rank: int) -> Callable[[Sequence[int], Sequence[int]]
     return check
 
 
+def _arithmetic(fn: Callable[[Any, Any], Any]) -> Callable[[_Node, Any], _Node]:
+    """A binary method of _Node (the hottest: one frame less than _Node._binary)."""
+    def method(self: _Node, other: Any) -> _Node:
+        values = tuple(map(fn, self.values, other.values if type(other) is _Node else repeat(other, len(self.values))))
+        return _Node(values, _KINDS.get(type(values[0]), float))
+
+    return method
+
+
+def _comparison(fn: Callable[[Any, Any], Any]) -> Callable[[_Node, Any], _Node]:
+    def method(self: _Node, other: Any) -> _Node:
+        return _Node(tuple(map(fn, self.values, other.values if type(other) is _Node
+                               else repeat(other, len(self.values)))), bool)
+
+    return method
+
+
 class _Node:
     """A SymNode with one value per length (what torch.SymInt/SymFloat/SymBool wrap).
 
@@ -245,14 +262,9 @@ class _Node:
         values = tuple(map(fn, self.values))
         return _Node(values, kind or _kind(values[0]))
 
-    def add(self, other: Any) -> _Node:
-        return self._binary(other, operator.add)
-
-    def sub(self, other: Any) -> _Node:
-        return self._binary(other, operator.sub)
-
-    def mul(self, other: Any) -> _Node:
-        return self._binary(other, operator.mul)
+    add = _arithmetic(operator.add)
+    sub = _arithmetic(operator.sub)
+    mul = _arithmetic(operator.mul)
 
     def truediv(self, other: Any) -> _Node:
         return self._binary(other, operator.truediv, float)
@@ -272,23 +284,17 @@ class _Node:
     def mod(self, other: Any) -> _Node:
         return self._binary(other, operator.mod)
 
-    def eq(self, other: Any) -> _Node:
-        return self._binary(other, operator.eq, bool)
+    eq = _comparison(operator.eq)
 
-    def ne(self, other: Any) -> _Node:
-        return self._binary(other, operator.ne, bool)
+    ne = _comparison(operator.ne)
 
-    def gt(self, other: Any) -> _Node:
-        return self._binary(other, operator.gt, bool)
+    gt = _comparison(operator.gt)
 
-    def lt(self, other: Any) -> _Node:
-        return self._binary(other, operator.lt, bool)
+    lt = _comparison(operator.lt)
 
-    def le(self, other: Any) -> _Node:
-        return self._binary(other, operator.le, bool)
+    le = _comparison(operator.le)
 
-    def ge(self, other: Any) -> _Node:
-        return self._binary(other, operator.ge, bool)
+    ge = _comparison(operator.ge)
 
     def sym_min(self, other: Any) -> _Node:
         return self._binary(other, min)
@@ -462,13 +468,14 @@ def one_run() -> Iterator[None]:
     from torch._subclasses import fake_impls
 
     _STATE["diverged"] = False
-    # Fake tensors compute a view's sizes and strides with torch's reference view (_refs._reshape_view_helper)
-    # run on fake tensors, so each of its inner ops is dispatched to the fake mode again: with a swept
-    # length, ~0.8 ms a view. Left to the meta kernel (the same reference, run on meta tensors under the
-    # fake mode) it is half that. Put back when the run ends.
+    # Fake tensors compute a view's (and a layer norm's) sizes and strides with torch's reference
+    # implementation run on fake tensors, so each of its inner ops is dispatched to the fake mode again:
+    # with a swept length, ~0.8 ms a view. Left to the meta kernel (the same reference, run on meta tensors
+    # under the fake mode) it is half that. Put back when the run ends.
     table = fake_impls.op_implementations_dict
     aten = torch.ops.aten
-    saved = {op: table.pop(op) for op in (aten.view.default, aten._unsafe_view.default) if op in table}
+    saved = {op: table.pop(op) for op in (aten.view.default, aten._unsafe_view.default, aten.native_layer_norm.default)
+             if op in table}
     try:
         with enable_python_dispatcher():
             yield
