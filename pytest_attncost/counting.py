@@ -1725,6 +1725,39 @@ def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}))
 
 
+_MEMO_MODE: list[type] = []
+
+
+def _memo_mode() -> type:
+    """FakeTensorMode that hands back, for a functional op met again on the same sizes, new fake tensors of
+    the sizes it made the first time (see lengths.OpMemo): the one run's cost is in those sizes."""
+    if not _MEMO_MODE:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        class _MemoFakeTensorMode(FakeTensorMode):  # type: ignore[misc]
+            def __init__(self, **kwargs: Any) -> None:
+                super().__init__(**kwargs)
+                self.memo = lengths_mod.OpMemo()
+
+            def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                key = self.memo.key(func, args, kwargs)
+                if key is not None:
+                    found = self.memo.made.get(key)
+                    if found is not None:
+                        many, outs = found
+                        with self:
+                            made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                                         for shape, stride, dtype, device in outs)
+                        return made if many else made[0]
+                out = super().dispatch(func, types, args, kwargs)
+                if key is not None:
+                    self.memo.keep(key, out, pytree.tree_leaves((args, kwargs)))
+                return out
+
+        _MEMO_MODE.append(_MemoFakeTensorMode)
+    return _MEMO_MODE[0]
+
+
 def _fake(mode: Any, leaf: Any, made: dict[int, Any]) -> Any:
     if not isinstance(leaf, torch.Tensor):
         return leaf
@@ -1743,8 +1776,10 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
     counter = _torch_counter(recorder)
     # Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer).
-    mode: Any = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    if fake and lengths_mod.swept((args, kwargs)):
+    swept = fake and lengths_mod.swept((args, kwargs))
+    mode: Any = (_memo_mode()(allow_non_fake_inputs=True) if swept else FakeTensorMode(allow_non_fake_inputs=True)
+                 if fake else contextlib.nullcontext())
+    if swept:
         mode.cache_enabled = False  # its keys want sympy expressions; a swept length has values instead
         # torch's C++ meta kernels compute with a swept length's values as with any size; fake tensors would
         # otherwise take the Python decompositions made for sympy sizes (the same shapes, several times slower)

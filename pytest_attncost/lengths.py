@@ -484,3 +484,81 @@ def one_run() -> Iterator[None]:
         diverged, _STATE["diverged"] = _STATE["diverged"], False
     if diverged:  # raised, then swallowed by something on the way: the run still cannot stand
         raise Diverged("a decision on the length differed between the lengths")
+
+
+# --- a memo of what ops make, for the one run -------------------------------------------------
+
+
+def _describe(value: Any) -> Any:
+    """A hashable description of an op's argument, or raise _NotMemoizable."""
+    if isinstance(value, torch.Tensor):
+        if getattr(value, "constant", None) is not None:
+            raise _NotMemoizable  # a fake tensor that knows its values: what an op makes of it may depend on them
+        return ("T", _describe(tuple(value.shape)), _describe(value.stride()), _describe(value.storage_offset()),
+                value.dtype, value.device, value.layout, value.requires_grad)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if type(value.node) is not _Node:
+            raise _NotMemoizable
+        return ("S", value.node.values)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, *(_describe(item) for item in value))
+    if isinstance(value, dict):
+        return ("D", *((key, _describe(item)) for key, item in value.items()))
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                           torch.memory_format)):
+        return value
+    raise _NotMemoizable
+
+
+class _NotMemoizable(Exception):
+    pass
+
+
+def _functional(func: Any) -> bool:
+    """No output aliases an input, no input is written, and the output sizes follow from the inputs' sizes."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return False
+    tags = getattr(func, "tags", ())
+    if torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags:
+        return False
+    if any(r.alias_info is not None for r in schema.returns) or not schema.returns:
+        return False
+    return not any(a.alias_info is not None for a in schema.arguments)
+
+
+class OpMemo:
+    """What functional ops made, by what they were given: the one run's second traced layer (and the
+    repeated projections of a layer) meet the same op on the same sizes again.
+
+    An op's output sizes, strides and dtype depend on its inputs' metadata and its other arguments only
+    (on fake tensors there are no values); an output that shares storage with an input is never kept.
+    """
+
+    def __init__(self) -> None:
+        self.made: dict[Any, Any] = {}
+        self.functional: dict[Any, bool] = {}
+
+    def key(self, func: Any, args: Any, kwargs: Any) -> Any:
+        ok = self.functional.get(func)
+        if ok is None:
+            ok = self.functional[func] = _functional(func)
+        if not ok:
+            return None
+        if not any(isinstance(a, torch.Tensor) for a in args):
+            return None  # constructors (the memo's own empty_strided among them) are cheap and kept out
+        try:
+            key = (func, _describe(args), _describe(kwargs or {}))
+            hash(key)
+        except (_NotMemoizable, TypeError):
+            return None
+        return key
+
+    def keep(self, key: Any, out: Any, inputs: Any) -> None:
+        outs = out if isinstance(out, tuple) else (out,)
+        if not outs or not all(type(o) is not torch.Tensor and isinstance(o, torch.Tensor) for o in outs):
+            return  # fake tensors only
+        given = {t.untyped_storage()._cdata for t in inputs if isinstance(t, torch.Tensor)}
+        if any(o.untyped_storage()._cdata in given for o in outs):
+            return
+        self.made[key] = (isinstance(out, tuple), [(tuple(o.shape), o.stride(), o.dtype, o.device) for o in outs])

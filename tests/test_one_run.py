@@ -280,3 +280,31 @@ def test_only_torch_and_transformers_code_skips_the_check_against_one_length():
     custom = tm.llama_like()
     custom.config._attn_implementation = "my_attention"  # a function the user registered
     assert not _library_code(custom)
+
+
+def test_the_memo_keeps_only_what_follows_from_sizes():
+    from pytest_attncost.lengths import _functional
+
+    aten = torch.ops.aten
+    assert _functional(aten.addmm.default) and _functional(aten.native_layer_norm.default)
+    for op in (aten.view.default, aten.t.default, aten.add_.Tensor, aten.nonzero.default, aten.add.out):
+        assert not _functional(op), op  # views, writes, sizes read from values
+
+
+class TwoReductions(nn.TransformerEncoder):
+    """The same op on the same sizes with other arguments: a memo keyed on sizes alone would mix them up."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        self.wide, self.tall = nn.Linear(D, D), nn.Linear(1, D)
+
+    def forward(self, src, *args, **kwargs):
+        out = super().forward(src, *args, **kwargs)
+        return self.wide(out.sum(dim=1)) + self.tall(out.sum(dim=2, keepdim=True)).sum(dim=1)
+
+
+def test_an_op_met_again_with_other_arguments_is_run_again():
+    clear_cache()
+    swept = sweep(TwoReductions(), [16, 40], backend="torch")
+    assert swept.one_run  # checked against the first length counted alone (code of its own)
+    assert [p.other for p in swept] == [D * D + n * D for n in (16, 40)]  # wide: 1 token; tall: n tokens, 1 -> D
