@@ -799,11 +799,15 @@ def _library_code(twin: nn.Module) -> bool:
 def _one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> list[Profile] | None:
     """The torch backend's sweep: every length counted in one run (see lengths.py); None where that cannot be.
 
-    Only forward counts of default inputs, with arguments profile() would take as they are; anything
+    Only forward counts of default inputs or of a callable ``inputs=`` (called with the swept length on the
+    meta device), with arguments profile() would take as they are; anything
     else (and any length the run cannot stand for) is counted one length at a time, which also gives
     bad arguments their usual message.
     """
-    allowed = {"batch", "roles", "spec", "name", "backend", "mode", "causal", "fallback"}
+    allowed = {"batch", "inputs", "roles", "spec", "name", "backend", "mode", "causal", "fallback"}
+    inputs = kwargs.get("inputs")
+    if inputs is not None and (not callable(inputs) or isinstance(inputs, (nn.Module, torch.Tensor))):
+        return None  # fixed inputs hold one length
     if (kwargs.get("backend") != "torch" or kwargs.get("mode", "forward") != "forward" or not set(kwargs) <= allowed
             or kwargs.get("causal", "full") not in CAUSAL or not isinstance(kwargs.get("name"), str)
             or not isinstance(kwargs.get("roles") or {}, Mapping) or not isinstance(kwargs.get("spec"), (ModelSpec, type(None)))):
@@ -817,13 +821,24 @@ def _one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> l
     spec_note, spec_read = None, spec is None
     if spec is None:
         spec, spec_note = families.spec_of(target)
-    keys = cache_keys(target, lengths, batch, batch_given, None, roles, ("read" if spec_read else "given", spec),
+    keys = cache_keys(target, lengths, batch, batch_given, inputs, roles, ("read" if spec_read else "given", spec),
                       model_name, options)
     cached = [lookup(key) for key in keys]
     if all(found is not None for found in cached):
         return cached  # type: ignore[return-value]
+    def inputs_at(n: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if inputs is None:
+            return default_inputs(target, n, batch)
+        if isinstance(n, int):
+            return to_meta(_user_inputs(inputs, n, batch))  # as profile() builds them
+        with torch.device("meta"):  # the user's callable, given the swept length: tensors made on meta
+            made = _user_inputs(inputs, n, batch)
+        if not all(t.is_meta for t in pytree.tree_leaves(made) if isinstance(t, torch.Tensor)):
+            raise ProfileError("inputs= made tensors off the meta device for a swept length")
+        return made
+
     try:
-        args, kwargs_in = default_inputs(target, cast(int, lengths_mod.length_of(lengths)), batch)
+        args, kwargs_in = inputs_at(cast(int, lengths_mod.length_of(lengths)))
         if not lengths_mod.swept((args, kwargs_in)):
             return None  # inputs that do not depend on n (an image model): nothing to sweep in one run
         with _quiet_torch_logs():
@@ -839,16 +854,16 @@ def _one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> l
                 # at every length without a decision on a value; the first length counted alone must agree
                 twin = meta_twin(target)
                 families.prepare_twin(twin)
-                alone = count_forward_torch(twin, *default_inputs(target, lengths[0], batch), buffer_masks=setup.masks)
+                alone = count_forward_torch(twin, *inputs_at(lengths[0]), buffer_masks=setup.masks)
                 first = raws[0]
                 if (alone.total, alone.records, alone.by_module, alone.unsupported_ops) != (
                         first.total, first.records, first.by_module, first.unsupported_ops):
                     return None
             profiles = []
             for n, raw_n in zip(lengths, raws):
-                at_n, kwargs_n = default_inputs(target, n, batch)
-                profiles.append(_finish(setup, raw_n, "torch", None, None, at_n, kwargs_n, None, n, batch, batch_given,
-                                        roles, spec_read))
+                at_n, kwargs_n = inputs_at(n)
+                profiles.append(_finish(setup, raw_n, "torch", None, None, at_n, kwargs_n, inputs, n, batch,
+                                        batch_given, roles, spec_read))
     except (Exception, lengths_mod.Diverged):  # noqa: BLE001 - the lengths one at a time say what is wrong, if anything
         return None
     for key, result in zip(keys, profiles):

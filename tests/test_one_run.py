@@ -136,9 +136,9 @@ def test_what_one_run_does_not_cover_is_counted_per_length():
     assert not sweep(tm.torch_encoder(), [16, 32]).one_run  # fvcore's tracer takes one length at a time
     assert not sweep(tm.torch_encoder(), [16, 32], backend="torch", mode="train").one_run
     assert not sweep(tm.torch_encoder(), [16], backend="torch").one_run  # nothing to share
-    hand = sweep(tm.HandWritten(), [16, 32], backend="torch", roles=tm.HAND_ROLES,
-                 inputs=lambda n, b: (torch.zeros(b, n, D),))
-    assert not hand.one_run and [parts(p) for p in hand] == [expected(16, 1), expected(32, 1)]
+    on_cpu = sweep(tm.HandWritten(), [16, 32], backend="torch", roles=tm.HAND_ROLES,
+                   inputs=lambda n, b: (torch.zeros(b, n, D, device="cpu"),))  # a swept length needs meta
+    assert not on_cpu.one_run and [parts(p) for p in on_cpu] == [expected(16, 1), expected(32, 1)]
     with pytest.raises(Exception, match="ns must hold distinct lengths"):
         sweep(tm.torch_encoder(), [16, 16], backend="torch")
 
@@ -308,3 +308,14 @@ def test_an_op_met_again_with_other_arguments_is_run_again():
     swept = sweep(TwoReductions(), [16, 40], backend="torch")
     assert swept.one_run  # checked against the first length counted alone (code of its own)
     assert [p.other for p in swept] == [D * D + n * D for n in (16, 40)]  # wide: 1 token; tall: n tokens, 1 -> D
+
+
+def test_a_callable_inputs_is_given_the_swept_length():
+    model = tm.HandWritten()
+    ns = [16, 40]
+    clear_cache()
+    swept = sweep(model, ns, backend="torch", roles=tm.HAND_ROLES, inputs=lambda n, b: (torch.zeros(b, n, D),))
+    assert swept.one_run and [parts(p) for p in swept] == [expected(n, 1) for n in ns]
+    assert [p.to_dict() for p in swept] == [
+        profile(model, n, backend="torch", roles=tm.HAND_ROLES, inputs=lambda n, b: (torch.zeros(b, n, D),)).to_dict()
+        for n in ns]
