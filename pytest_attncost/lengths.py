@@ -494,18 +494,19 @@ def _describe(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         if getattr(value, "constant", None) is not None:
             raise _NotMemoizable  # a fake tensor that knows its values: what an op makes of it may depend on them
-        return ("T", _describe(tuple(value.shape)), _describe(value.stride()), _describe(value.storage_offset()),
-                value.dtype, value.device, value.layout, value.requires_grad)
+        return ("T", type(value), _describe(tuple(value.shape)), _describe(value.stride()),
+                _describe(value.storage_offset()), value.dtype, value.device, value.layout, value.requires_grad)
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         if type(value.node) is not _Node:
             raise _NotMemoizable
-        return ("S", value.node.values)
+        return ("S", type(value), value.node.values)  # an int and a float of equal value promote differently
+    if isinstance(value, (bool, int, float)):
+        return (type(value), value)  # 1 == 1.0 == True, but not as a tensor's other operand
     if isinstance(value, (tuple, list)):
         return (type(value).__name__, *(_describe(item) for item in value))
     if isinstance(value, dict):
         return ("D", *((key, _describe(item)) for key, item in value.items()))
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
-                                           torch.memory_format)):
+    if value is None or isinstance(value, (str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return value
     raise _NotMemoizable
 
@@ -531,8 +532,9 @@ class OpMemo:
     """What functional ops made, by what they were given: the one run's second traced layer (and the
     repeated projections of a layer) meet the same op on the same sizes again.
 
-    An op's output sizes, strides and dtype depend on its inputs' metadata and its other arguments only
-    (on fake tensors there are no values); an output that shares storage with an input is never kept.
+    An op's output sizes, strides and dtype depend on its inputs' metadata (tensor types included), its other
+    arguments (Python scalars by type too: an int tensor plus 1 stays int, plus 1.0 does not) and the default
+    dtype only (on fake tensors there are no values); an output that shares storage with an input is never kept.
     """
 
     def __init__(self) -> None:
@@ -548,7 +550,7 @@ class OpMemo:
         if not any(isinstance(a, torch.Tensor) for a in args):
             return None  # constructors (the memo's own empty_strided among them) are cheap and kept out
         try:
-            key = (func, _describe(args), _describe(kwargs or {}))
+            key = (func, _describe(args), _describe(kwargs or {}), torch.get_default_dtype())
             hash(key)
         except (_NotMemoizable, TypeError):
             return None

@@ -289,6 +289,12 @@ def test_the_memo_keeps_only_what_follows_from_sizes():
     assert _functional(aten.addmm.default) and _functional(aten.native_layer_norm.default)
     for op in (aten.view.default, aten.t.default, aten.add_.Tensor, aten.nonzero.default, aten.add.out):
         assert not _functional(op), op  # views, writes, sizes read from values
+    # an int tensor plus 1 stays int, plus 1.0 or True does not: equal Python values, different keys
+    memo, ids = lengths.OpMemo(), torch.zeros(2, 3, dtype=torch.long, device="meta")
+    keys = {memo.key(aten.add.Tensor, (ids, other), {}) for other in (1, 1.0, True)}
+    n = lengths.length_of([3, 5])
+    keys |= {memo.key(aten.mul.Tensor, (ids, size), {}) for size in (n, n * 1.0)}
+    assert len(keys) == 5 and None not in keys
 
 
 class TwoReductions(nn.TransformerEncoder):
