@@ -528,6 +528,14 @@ OPAQUE_UNCHECKED = ("{ops}: custom torch.autograd.Function(s) fvcore sees as one
                     "could not look inside ({why}); products inside them, if any, are not counted")
 
 
+def _count_fresh_twin(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      masks: Mapping[str, Any] | None) -> RawCount:
+    """A second opinion on *target*: the torch backend on a twin of its own (raises CountError)."""
+    twin = meta_twin(target)
+    families.prepare_twin(twin)
+    return count_forward_torch(twin, args, kwargs, buffer_masks=masks)
+
+
 def _look_inside(target: nn.Module, model_name: str, raw: RawCount, call: Callable[[], Any],
                  masks: Mapping[str, Any] | None, options: Options
                  ) -> tuple[RawCount, str, str | None, str | None]:
@@ -540,9 +548,8 @@ def _look_inside(target: nn.Module, model_name: str, raw: RawCount, call: Callab
 
     ops = ", ".join(raw.opaque)
     try:
-        twin = meta_twin(target)
-        families.prepare_twin(twin)
-        seen = count_forward_torch(twin, *call(), buffer_masks=masks)
+        args, kwargs = call()
+        seen = _count_fresh_twin(target, args, kwargs, masks)
     except CountError as exc:
         return raw, "fvcore", None, OPAQUE_UNCHECKED.format(ops=ops, why=str(exc).splitlines()[0])
     hidden = products(seen) - products(raw)
@@ -717,9 +724,7 @@ def _fallback(
     those inputs take); default inputs become zero-filled tensors of their shapes.
     """
     try:
-        twin = meta_twin(target)
-        families.prepare_twin(twin)
-        return count_forward_torch(twin, args, kwargs, buffer_masks=masks), False
+        return _count_fresh_twin(target, args, kwargs, masks), False
     except CountError as fake_error:
         on_meta = any(t.is_meta for t in [*target.parameters(), *target.buffers()])
         lengths = [d for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) for d in t.shape[1:2]]
@@ -852,9 +857,7 @@ def _one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> l
             if not library:
                 # code of the user's own: a branch on the *type* of a size (isinstance(n, int)) would go one way
                 # at every length without a decision on a value; the first length counted alone must agree
-                twin = meta_twin(target)
-                families.prepare_twin(twin)
-                alone = count_forward_torch(twin, *inputs_at(lengths[0]), buffer_masks=setup.masks)
+                alone = _count_fresh_twin(target, *inputs_at(lengths[0]), masks=setup.masks)
                 first = raws[0]
                 if (alone.total, alone.records, alone.by_module, alone.unsupported_ops) != (
                         first.total, first.records, first.by_module, first.unsupported_ops):

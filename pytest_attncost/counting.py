@@ -1830,13 +1830,18 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
                     by_module=_module_totals(records, list(classes)), module_names=classes, copied_layers=copied)
 
 
-def _module_totals(records: list[OpRecord], names: list[str]) -> dict[str, int]:
-    """Each module's MACs, its descendants' included."""
+def _module_totals(records: list[OpRecord], names: list[str],
+                   enclosing: dict[str, list[str]] | None = None) -> dict[str, int]:
+    """Each module's MACs, its descendants' included. *enclosing* (scope -> the modules of *names*
+    enclosing it) is filled as scopes come and may be shared by counts of the same records' scopes."""
+    enclosing = {} if enclosing is None else enclosing
     by_module = dict.fromkeys(names, 0)
     for record in records:
-        for name in _enclosing(record.scope):
-            if name in by_module:
-                by_module[name] += record.macs
+        found = enclosing.get(record.scope)
+        if found is None:
+            found = enclosing[record.scope] = [name for name in _enclosing(record.scope) if name in by_module]
+        for name in found:
+            by_module[name] += record.macs
     return by_module
 
 
@@ -1852,18 +1857,10 @@ def at_lengths(raw: RawCount, k: int) -> list[RawCount]:
             copy = new(OpRecord)  # a frozen dataclass: its fields set directly, k times per record
             vars(copy).update(fields, macs=macs, shapes=shapes, out_shape=out_shape)
             out.append(copy)
-    # each record's enclosing modules, once for all lengths
-    names = set(raw.module_names)
-    enclosing = {scope: [name for name in _enclosing(scope) if name in names]
-                 for scope in {r.scope for r in raw.records}}
-    counts = []
-    for mine in records:
-        by_module = dict.fromkeys(raw.module_names, 0)
-        for record in mine:
-            for name in enclosing[record.scope]:
-                by_module[name] += record.macs
-        counts.append(dataclasses.replace(raw, total=sum(r.macs for r in mine), records=mine, by_module=by_module))
-    return counts
+    names = list(raw.module_names)
+    enclosing: dict[str, list[str]] = {}  # each scope's enclosing modules, once for all lengths
+    return [dataclasses.replace(raw, total=sum(r.macs for r in mine), records=mine,
+                                by_module=_module_totals(mine, names, enclosing)) for mine in records]
 
 
 def _enclosing(scope: str) -> Iterator[str]:
