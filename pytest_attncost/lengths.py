@@ -45,11 +45,11 @@ def _values(value: Any, k: int) -> tuple[Any, ...]:
     return value.values if isinstance(value, _Node) else (value,) * k
 
 
+_KINDS: dict[type, type] = {int: int, bool: bool, float: float}  # a value's kind of SymNode (else float)
+
+
 def _kind(value: Any) -> type:
-    return bool if isinstance(value, bool) else int if isinstance(value, int) else float
-
-
-_KINDS: dict[type, type] = {int: int, bool: bool, float: float}
+    return _KINDS.get(type(value), float)
 
 
 def _is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
@@ -118,19 +118,11 @@ def _channels_last_strides(rank: int) -> Callable[[Sequence[int], Sequence[int]]
     return check
 
 
-def _arithmetic(fn: Callable[[Any, Any], Any]) -> Callable[[_Node, Any], _Node]:
-    """A binary method of _Node (the hottest: one frame less than _Node._binary)."""
+def _binary(fn: Callable[[Any, Any], Any], kind: type | None = None) -> Callable[[_Node, Any], _Node]:
+    """A binary method of _Node: *fn* length by length; the result's kind is *kind*, else its values' own."""
     def method(self: _Node, other: Any) -> _Node:
         values = tuple(map(fn, self.values, other.values if type(other) is _Node else repeat(other, len(self.values))))
-        return _Node(values, _KINDS.get(type(values[0]), float))
-
-    return method
-
-
-def _comparison(fn: Callable[[Any, Any], Any]) -> Callable[[_Node, Any], _Node]:
-    def method(self: _Node, other: Any) -> _Node:
-        return _Node(tuple(map(fn, self.values, other.values if type(other) is _Node
-                               else repeat(other, len(self.values)))), bool)
+        return _Node(values, kind or _KINDS.get(type(values[0]), float))
 
     return method
 
@@ -254,59 +246,27 @@ class _Node:
         return bool(self._one())
 
     # --- arithmetic, length by length
-    def _binary(self, other: Any, fn: Callable[[Any, Any], Any], kind: type | None = None) -> _Node:
-        values = tuple(map(fn, self.values, other.values if type(other) is _Node else repeat(other, len(self.values))))
-        return _Node(values, kind or _KINDS.get(type(values[0]), float))
-
     def _unary(self, fn: Callable[[Any], Any], kind: type | None = None) -> _Node:
         values = tuple(map(fn, self.values))
         return _Node(values, kind or _kind(values[0]))
 
-    add = _arithmetic(operator.add)
-    sub = _arithmetic(operator.sub)
-    mul = _arithmetic(operator.mul)
-
-    def truediv(self, other: Any) -> _Node:
-        return self._binary(other, operator.truediv, float)
-
-    float_truediv = int_truediv = truediv
-
-    def pow(self, other: Any) -> _Node:
-        return self._binary(other, operator.pow)
-
-    float_pow = pow_by_natural = pow
-
-    def floordiv(self, other: Any) -> _Node:
-        return self._binary(other, operator.floordiv)
-
-    int_floordiv = floordiv
-
-    def mod(self, other: Any) -> _Node:
-        return self._binary(other, operator.mod)
-
-    eq = _comparison(operator.eq)
-
-    ne = _comparison(operator.ne)
-
-    gt = _comparison(operator.gt)
-
-    lt = _comparison(operator.lt)
-
-    le = _comparison(operator.le)
-
-    ge = _comparison(operator.ge)
-
-    def sym_min(self, other: Any) -> _Node:
-        return self._binary(other, min)
-
-    def sym_max(self, other: Any) -> _Node:
-        return self._binary(other, max)
-
-    def sym_or(self, other: Any) -> _Node:
-        return self._binary(other, lambda a, b: bool(a or b), bool)
-
-    def sym_and(self, other: Any) -> _Node:
-        return self._binary(other, lambda a, b: bool(a and b), bool)
+    add = _binary(operator.add)
+    sub = _binary(operator.sub)
+    mul = _binary(operator.mul)
+    truediv = float_truediv = int_truediv = _binary(operator.truediv, float)
+    pow = float_pow = pow_by_natural = _binary(operator.pow)
+    floordiv = int_floordiv = _binary(operator.floordiv)
+    mod = _binary(operator.mod)
+    eq = _binary(operator.eq, bool)
+    ne = _binary(operator.ne, bool)
+    gt = _binary(operator.gt, bool)
+    lt = _binary(operator.lt, bool)
+    le = _binary(operator.le, bool)
+    ge = _binary(operator.ge, bool)
+    sym_min = _binary(min)
+    sym_max = _binary(max)
+    sym_or = _binary(lambda a, b: bool(a or b), bool)
+    sym_and = _binary(lambda a, b: bool(a and b), bool)
 
     def sym_not(self) -> _Node:
         return self._unary(operator.not_, bool)
@@ -355,9 +315,6 @@ class _Node:
     def is_integer(self) -> _Node:
         return self._unary(lambda v: float(v).is_integer(), bool)
 
-    def bitwise_xor(self, other: Any) -> _Node:
-        return self._binary(other, operator.xor)
-
     def __getattr__(self, name: builtins.str) -> Any:  # `str` is a method of the node here
         # a part of torch's SymNode protocol this node lacks: the run cannot stand for every length (an
         # AttributeError a model swallows would otherwise send every length down one branch)
@@ -366,17 +323,11 @@ class _Node:
         _STATE["diverged"] = True
         raise Diverged(f"a swept length cannot answer {name!r}")
 
-    def bitwise_and(self, other: Any) -> _Node:
-        return self._binary(other, operator.and_)
-
-    def bitwise_or(self, other: Any) -> _Node:
-        return self._binary(other, operator.or_)
-
-    def lshift(self, other: Any) -> _Node:
-        return self._binary(other, operator.lshift)
-
-    def rshift(self, other: Any) -> _Node:
-        return self._binary(other, operator.rshift)
+    bitwise_and = _binary(operator.and_)
+    bitwise_xor = _binary(operator.xor)
+    bitwise_or = _binary(operator.or_)
+    lshift = _binary(operator.lshift)
+    rshift = _binary(operator.rshift)
 
     # --- layouts, length by length
     def _layout(self, sizes: Sequence[Any], strides: Sequence[Any],
