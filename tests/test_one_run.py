@@ -101,11 +101,18 @@ def test_a_torch_sweep_is_one_run_and_every_profile_is_the_one_at_its_length(bui
         assert (swept.crossover(), swept.quadratic_crossover()) == (Fraction(576), Fraction(960))
 
 
-class Branchy(nn.TransformerEncoder):
+class Encoder(nn.TransformerEncoder):
+    """Two of torch's encoder layers: the base of the models below, whose forward code is their own."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+
+
+class Branchy(Encoder):
     """Runs one more Linear above 20 tokens: the lengths of a sweep across 20 take two branches."""
 
     def __init__(self, swallow: bool = False) -> None:
-        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        super().__init__()
         self.extra = nn.Linear(D, D)
         self.swallow = swallow
 
@@ -195,11 +202,11 @@ def test_causal_half_is_the_same_in_one_run(impl):
 # --- what the values alone do not show (found in review) -------------------------------------
 
 
-class TypeBranch(nn.TransformerEncoder):
+class TypeBranch(Encoder):
     """Branches on the type of a size: a SymInt is not an int, so no decision on a value is taken."""
 
     def __init__(self) -> None:
-        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        super().__init__()
         self.extra = nn.Linear(D, D)
 
     def forward(self, src, *args, **kwargs):
@@ -209,11 +216,11 @@ class TypeBranch(nn.TransformerEncoder):
         return out
 
 
-class Passes(nn.TransformerEncoder):
+class Passes(Encoder):
     """round(n / 16) passes of a Linear, and one pass if that cannot be computed."""
 
     def __init__(self) -> None:
-        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        super().__init__()
         self.mix = nn.Linear(D, D)
 
     def forward(self, src, *args, **kwargs):
@@ -227,11 +234,11 @@ class Passes(nn.TransformerEncoder):
         return out
 
 
-class LazyTable(nn.TransformerEncoder):
+class LazyTable(Encoder):
     """A positional table made on the first call, as long as that call's input."""
 
     def __init__(self) -> None:
-        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        super().__init__()
         self.pos = nn.Module()
 
     def forward(self, src, *args, **kwargs):
@@ -297,11 +304,11 @@ def test_the_memo_keeps_only_what_follows_from_sizes():
     assert len(keys) == 5 and None not in keys
 
 
-class TwoReductions(nn.TransformerEncoder):
+class TwoReductions(Encoder):
     """The same op on the same sizes with other arguments: a memo keyed on sizes alone would mix them up."""
 
     def __init__(self) -> None:
-        super().__init__(nn.TransformerEncoderLayer(D, H, F, batch_first=True), 2, enable_nested_tensor=False)
+        super().__init__()
         self.wide, self.tall = nn.Linear(D, D), nn.Linear(1, D)
 
     def forward(self, src, *args, **kwargs):
