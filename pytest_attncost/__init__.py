@@ -77,16 +77,16 @@ def __getattr__(name: str) -> object:
         from .result import Profile
 
         return Profile
-    if name == "decode_sweep":
-        from .decode import decode_sweep
+    if name in ("Sweep", "TimingSweep"):
+        from . import sweep
 
-        return decode_sweep
-    if name == "Sweep":
-        from .sweep import Sweep
+        return getattr(sweep, name)
+    if name == "Timing":
+        from .result import Timing
 
-        return Sweep
-    if name in ("measure", "measure_sweep", "Timing", "TimingSweep"):
-        from . import timing
+        return Timing
+    if name in ("decode_sweep", "measure", "measure_sweep"):
+        from . import api
 
-        return getattr(timing, name)
+        return getattr(api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

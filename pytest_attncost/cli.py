@@ -18,13 +18,14 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from . import formulas, reporting
+from . import baseline, formulas, reporting
 from .formulas import ModelSpec
 from .units import format_bytes
+from .units import table as text_table
 
 __all__ = ["ARTICLE", "KV_DTYPES", "PRESETS", "SUBCOMMANDS", "compare_files", "decode_table", "load_factory", "main"]
 
@@ -236,7 +237,6 @@ def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_
 
 
 def render_decode(data: dict[str, Any], spec: dict[str, Any]) -> str:
-    hd = spec["heads"] * spec["head_dim"]
     window = f", sliding window {spec['sliding_window']}" if spec.get("sliding_window") else ""
     lines = [f"decode: one new token against a KV cache of n tokens{window}; per layer, batch {data['batch']}, "
              f"in MAC; KV cache of the whole model at {data['bytes_per_element']} bytes per element:"]
@@ -244,7 +244,7 @@ def render_decode(data: dict[str, Any], spec: dict[str, Any]) -> str:
     body = [[f"{r['n']:,}", f"{r['attention_core']:,}", f"{r['attention_proj']:,}", f"{r['ffn']:,}",
              f"{r['attention_share']:.4f}", f"{r['core_share']:.4f}", f"{r['model']:,}",
              format_bytes(r["kv_cache_bytes"]), f"{r['kv_cache_bytes']:,}"] for r in data["rows"]]
-    lines += reporting.table(headers, body, right=range(len(headers)), rule=False)
+    lines += text_table(headers, body, right=range(len(headers)), rule=False)
     cross, quad = data["crossover_n"], data["quadratic_n"]
     if cross is None:
         lines.append("the core never reaches the FFN")
@@ -303,7 +303,7 @@ def render(data: dict[str, Any], name: str) -> str:
     body = [[f"{r['n']:,}", f"{r['attention']:,}", f"{r['ffn']:,}", f"{r['attention_core']:,}",
              f"{r['attention_proj']:,}", f"{r['attention_share']:.4f}", f"{r['quadratic_share']:.4f}",
              f"{r['linear_attention_saving']:.2%}", f"{r['model']:,}"] for r in data["rows"]]
-    lines += reporting.table(headers, body, right=range(len(headers)), rule=False)
+    lines += text_table(headers, body, right=range(len(headers)), rule=False)
     lines.append(_threshold(data["crossover_n"], 2, hd, "attention overtakes the FFN"))
     lines.append(_threshold(data["quadratic_n"], 6, hd, "the quadratic term dominates the layer"))
     return "\n".join(lines)
@@ -366,8 +366,6 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
     Raises:
         baseline.BaselineError: a file that is missing, corrupt or of another schema.
     """
-    from . import baseline
-
     before, _ = baseline.load(old)
     after, _ = baseline.load(new)
     added = sorted(after.keys() - before.keys())
@@ -387,12 +385,12 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
             found, _cell = baseline.compare(a, b, max_increase)
             label = _entry_label(key)
             regressions += [f"{label[0]} [{label[1]} n={key[2]} batch={key[3]}]: {r}" for r in found]
-        lines += ["", f"changed ({len(changed)}):", *reporting.table(headers, body, right=range(2, len(headers)))]
+        lines += ["", f"changed ({len(changed)}):", *text_table(headers, body, right=range(2, len(headers)))]
     for title, keys, source in (("added", added, after), ("removed", removed, before)):
         if keys:
             body = [[*_entry_label(key), f"{int(source[key]['total']):,}"] for key in keys]
             lines += ["", f"{title} ({len(keys)}):",
-                      *reporting.table(["test", "model", "n", "batch", "total"], body, right=(2, 3, 4))]
+                      *text_table(["test", "model", "n", "batch", "total"], body, right=(2, 3, 4))]
     if regressions:
         lines += ["", f"grew beyond --max-increase {max_increase:g}% ({len(regressions)}):",
                   *(f"  {r}" for r in regressions)]
@@ -403,14 +401,12 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
 
 
 def _compare(argv: Sequence[str]) -> int:
-    from .baseline import BaselineError
-
     parser = _compare_arguments(argparse.ArgumentParser(prog="python -m pytest_attncost compare",
                                                         description=_COMPARE_HELP))
     args = parser.parse_args(argv)
     try:
         lines, code = compare_files(args.old, args.new, args.max_increase)
-    except (BaselineError, OSError) as exc:
+    except (baseline.BaselineError, OSError) as exc:
         parser.error(str(exc))
     _print("\n".join(lines))
     return code
@@ -556,7 +552,7 @@ def _profile(argv: Sequence[str]) -> int:
     how = " (one run for all lengths)" if one_run else ""
     lines = [f"{args.target}: {first.name}, batch {args.batch}, counted by {first.backend}{how}, "
              "whole model in MAC (1 MAC = 2 FLOP):",
-             *reporting.table(headers, body, right=range(len(headers)), rule=False),
+             *text_table(headers, body, right=range(len(headers)), rule=False),
              "attn share is attention / (attention + FFN); deviation is the largest relative difference "
              "from the formula"]
     warned = [f"  n={r.profile.n}: {w}" for r in rows for w in r.profile.warnings]

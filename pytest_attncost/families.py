@@ -5,9 +5,11 @@ The counting and the role split work from a model's *structure* (see
 structure alone:
 
 * the cost-model shape (:class:`ModelSpec`) of a config, or why there is none;
-* default inputs for models that take token ids, images, or torch's ``(n, b, D)`` tensors;
+* default inputs for models that take token ids, images, or torch's ``(n, b, D)`` tensors, and
+  a decode step's inputs: a transformers decoder's own KV cache holding ``n`` tokens;
+* which layers attend locally (sliding windows, GPT-Neo's local layers, Llama-4's chunks);
 * what the meta twin must change to run at all or to count without chance
-  (experts implementations, LayerDrop);
+  (experts implementations, LayerDrop, patchifying convolutions);
 * which modules hold mixture-of-experts weights.
 
 A new family is one small change here.
@@ -15,24 +17,31 @@ A new family is one small change here.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from .errors import ProfileError
 from .formulas import ModelSpec
 
 __all__ = [
     "GATED_FAMILIES",
-    "InputsError",
     "batch_first",
+    "decode_inputs",
     "default_inputs",
     "experts_of",
+    "local_attention",
+    "patchify_conv",
     "prepare_twin",
+    "sliding_spec",
     "spec_from_config",
     "spec_of",
+    "windowed_spec",
 ]
 
 # transformers families whose MLP is gated (gate, up and down projections).
@@ -47,10 +56,6 @@ INPUTS_HINT = (
     "pass inputs= as a tuple of positional arguments, a dict of keyword arguments, "
     "or a callable (n, batch) -> tuple | dict"
 )
-
-
-class InputsError(ValueError):
-    """Default inputs cannot be built; the message says what to pass."""
 
 
 def _get(config: Any, *names: str) -> Any:
@@ -226,7 +231,7 @@ def batch_first(model: nn.Module) -> bool:
     return bool(getattr(model.self_attn, "batch_first", False))
 
 
-_TORCH_KINDS = (nn.MultiheadAttention, nn.TransformerEncoder, nn.TransformerEncoderLayer,
+TORCH_KINDS = (nn.MultiheadAttention, nn.TransformerEncoder, nn.TransformerEncoderLayer,
                 nn.TransformerDecoder, nn.TransformerDecoderLayer)
 
 
@@ -238,21 +243,17 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
     tokens); every other kind needs *n*.
 
     Raises:
-        InputsError: *n* is missing, or the model's inputs cannot be guessed.
+        ProfileError: *n* is missing, or the model's inputs cannot be guessed.
     """
     def need_n() -> int:
         if n is None:
-            raise InputsError(f"profile({type(model).__name__}) needs n= (or inputs=): the sequence length to count at")
+            raise ProfileError(f"profile({type(model).__name__}) needs n= (or inputs=): the sequence length to count at")
         return n
 
     meta = torch.device("meta")
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "model_type"):
-        params: Mapping[str, Any]
-        try:
-            params = inspect.signature(model.forward).parameters
-        except (TypeError, ValueError):
-            params = {}
+        params = _forward_params(model)
         main = getattr(model, "main_input_name", "input_ids")
         kwargs: dict[str, Any] = {}
         if main == "input_ids":
@@ -266,7 +267,7 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
         elif main == "pixel_values":
             size = getattr(config, "image_size", None)
             if size is None:  # SegFormer and other resolution-free models: any size would be a guess
-                raise InputsError(
+                raise ProfileError(
                     f"{type(config).__name__} has no image_size, so the resolution to count at is yours to choose: "
                     f"pass inputs={{'pixel_values': torch.zeros(batch, channels, height, width)}}")
             channels = getattr(config, "num_channels", 3)
@@ -283,11 +284,11 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
             kwargs["pixel_values"] = torch.zeros((batch, *clip, channels, *size), dtype=float_dtype(model),
                                                  device=meta)
         else:
-            raise InputsError(f"cannot build default inputs for {type(model).__name__} ({main!r}); {INPUTS_HINT}")
+            raise ProfileError(f"cannot build default inputs for {type(model).__name__} ({main!r}); {INPUTS_HINT}")
         if "use_cache" in params:
             kwargs["use_cache"] = False  # a DynamicCache cannot cross the tracer
         return (), kwargs
-    if isinstance(model, _TORCH_KINDS):
+    if isinstance(model, TORCH_KINDS):
         length = need_n()
         spec, _ = spec_of(model)
         width = model.embed_dim if isinstance(model, nn.MultiheadAttention) else spec.hidden  # type: ignore[union-attr]
@@ -298,39 +299,7 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
         if isinstance(model, (nn.TransformerDecoder, nn.TransformerDecoderLayer)):
             return (x, torch.zeros(shape, dtype=x.dtype, device=meta)), {}
         return (x,), {}
-    raise InputsError(f"cannot guess the inputs of {type(model).__name__}; {INPUTS_HINT}")
-
-
-def token_shape(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
-    """``(batch, n)`` of the main input, where it can be told without running the model.
-
-    Token ids ``(batch, n)`` (the model's ``main_input_name``, or the first integer tensor),
-    or torch's Transformer modules' ``(batch, n, D)`` / ``(n, batch, D)``. None for images and
-    for float inputs of models whose layout is unknown.
-    """
-    main = kwargs.get(getattr(model, "main_input_name", "input_ids"))
-    candidates = [main] if isinstance(main, torch.Tensor) else []
-    candidates += [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
-    for tensor in candidates:
-        if tensor.dim() == 2 and not tensor.is_floating_point() and tensor.dtype != torch.bool:
-            return int(tensor.shape[0]), int(tensor.shape[1])
-    if isinstance(model, _TORCH_KINDS) and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
-        first = args[0].shape
-        return (int(first[0]), int(first[1])) if batch_first(model) else (int(first[1]), int(first[0]))
-    return None
-
-
-def main_batch(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | None:
-    """The batch of a transformers model's main input (``pixel_values``, ``input_values``, ...): its
-    first dimension, whatever the model folds into its attention's batch (TimeSformer: frames)."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "model_type"):
-        return None
-    name = getattr(model, "main_input_name", "input_ids")
-    main = kwargs.get(name)
-    if name not in kwargs and args and isinstance(args[0], torch.Tensor):
-        main = args[0]  # passed by position
-    return int(main.shape[0]) if isinstance(main, torch.Tensor) and main.dim() >= 2 else None
+    raise ProfileError(f"cannot guess the inputs of {type(model).__name__}; {INPUTS_HINT}")
 
 
 # --- the twin --------------------------------------------------------------------------------
@@ -415,3 +384,168 @@ def experts_of(model: nn.Module) -> dict[str, int]:
               and len(module) > 1):  # a ModuleDict: SwitchTransformers' and NLLB-MoE's expert_0, expert_1, ...
             found[name] = len(module)
     return found
+
+
+# --- decode steps ------------------------------------------------------------------------------------
+#
+# A decode step runs ``new_tokens`` query tokens against a cache that already holds ``n`` tokens
+# (DECISIONS: "Decode step"). For transformers decoders the cache is the model's own ``DynamicCache``,
+# filled with ``n`` tokens of meta tensors through its ``update`` (so a sliding-window layer keeps what
+# transformers keeps); custom models bring their own cache through ``inputs=``.
+
+#: Cache layer classes whose behaviour the decode formulas describe.
+_PLAIN_LAYERS = ("DynamicLayer",)
+
+
+_SLIDING_LAYERS = ("DynamicSlidingWindowLayer",)
+
+
+DECODE_INPUTS_HINT = (
+    "pass inputs= as a callable (n, batch) -> dict that builds the step's inputs: the new tokens and a "
+    "cache holding n tokens (meta tensors cost nothing)"
+)
+
+
+def _forward_params(model: nn.Module) -> Mapping[str, Any]:
+    try:
+        return inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def _cache_argument(model: nn.Module, params: Mapping[str, Any]) -> str:
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise ProfileError(f"{type(model).__name__}.forward takes no cache (neither cache= nor past_key_values=); "
+                      f"{DECODE_INPUTS_HINT}")
+
+
+def _layer_types(config: Any) -> list[str]:
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    return list(get_layer_types_and_kwargs(config)[0])
+
+
+def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
+                  dtype: torch.dtype | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The inputs of one decode step of a transformers decoder, on the meta device.
+
+    A ``DynamicCache`` built from the model's config (sliding-window layers where the config
+    has them), filled with ``n`` tokens of keys and values ``[batch, g, n, d]`` through its own
+    ``update``; ``new_tokens`` token ids; positions ``n .. n + new_tokens - 1``.
+
+    Raises:
+        ProfileError: not a transformers decoder, or a cache kind the formulas do not describe.
+    """
+    from transformers import DynamicCache
+
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        raise ProfileError(f"cannot build a KV cache for {name} (not a transformers model); {DECODE_INPUTS_HINT}")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ProfileError(f"{name} is an encoder-decoder: mode='decode' builds caches for decoder-only models; "
+                          f"{DECODE_INPUTS_HINT}")
+    if getattr(model, "main_input_name", "input_ids") != "input_ids":
+        raise ProfileError(f"{name} does not take token ids; {DECODE_INPUTS_HINT}")
+    params = _forward_params(model)
+    cache_name = _cache_argument(model, params)
+    try:
+        spec = spec_from_config(config)
+        types = _layer_types(config)
+        cache = DynamicCache(config=config)
+    except Exception as exc:  # noqa: BLE001 - the config is the user's
+        raise ProfileError(f"cannot build a KV cache for {name} ({type(exc).__name__}: {exc}); "
+                          f"{DECODE_INPUTS_HINT}") from exc
+    kinds = {type(layer).__name__ for layer in cache.layers}
+    unknown = sorted(kinds - set(_PLAIN_LAYERS) - set(_SLIDING_LAYERS))
+    if unknown or len(cache.layers) != spec.layers:
+        why = f"cache layers {', '.join(unknown)}" if unknown else f"{len(cache.layers)} cache layers for {spec.layers}"
+        raise ProfileError(f"{name}: {why} ({', '.join(sorted(set(types)))}): the decode formulas describe full and "
+                          f"sliding-window attention caches only; {DECODE_INPUTS_HINT}")
+    meta = torch.device("meta")
+    dtype = dtype or float_dtype(model)
+    for index in range(spec.layers):
+        keys = torch.zeros((batch, spec.g, n, spec.head_dim), dtype=dtype, device=meta)
+        cache.update(keys, torch.zeros_like(keys), index)
+    kwargs: dict[str, Any] = {
+        "input_ids": torch.zeros((batch, new_tokens), dtype=torch.long, device=meta),
+        cache_name: cache,
+    }
+    positions = torch.arange(n, n + new_tokens, device=meta).unsqueeze(0).expand(batch, new_tokens)
+    if "position_ids" in params:
+        kwargs["position_ids"] = positions
+    if "cache_position" in params:
+        kwargs["cache_position"] = torch.arange(n, n + new_tokens, device=meta)
+    if "use_cache" in params:
+        kwargs["use_cache"] = True
+    return (), kwargs
+
+
+def sliding_spec(model: nn.Module) -> tuple[int | None, int]:
+    """(window, sliding layers) of a transformers decoder's cache: what its config makes ``DynamicCache`` build."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        return None, 0
+    try:
+        types = _layer_types(config)
+        windows = {getattr(layer_config, "sliding_window", None) for layer_config, kind
+                   in zip(config.per_layer_config, types) if kind == "sliding_attention"}
+    except Exception:  # noqa: BLE001 - no cache structure known: no window
+        return None, 0
+    known = [int(window) for window in windows if window is not None]
+    if len(known) != 1:
+        return None, 0
+    return known[0], sum(kind == "sliding_attention" for kind in types)
+
+
+def local_attention(model: nn.Module) -> list[tuple[str, int, int]]:
+    """(kind, tokens, layers) of the layers that attend locally: ``"window"`` (sliding-window layers, GPT-Neo's
+    local ones) and ``"chunk"`` (Llama-4's chunked attention). Empty where the config says of none."""
+    config = getattr(model, "config", None)
+    found = []
+    window, sliding = sliding_spec(model)
+    kinds, size = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+    if window is None and isinstance(size, int) and isinstance(kinds, list):
+        window, sliding = size, kinds.count("local")  # GPT-Neo's local layers
+    if window is not None and sliding:
+        found.append(("window", window, sliding))
+    chunk, types = getattr(config, "attention_chunk_size", None), getattr(config, "layer_types", None)
+    chunked = types.count("chunked_attention") if isinstance(types, list) else 0
+    if isinstance(chunk, int) and chunked:
+        found.append(("chunk", chunk, chunked))
+    return found
+
+
+def windowed_spec(spec: ModelSpec, model: nn.Module) -> ModelSpec:
+    """*spec* with the sliding window the model's KV cache keeps (unchanged when it keeps none)."""
+    window, layers = sliding_spec(model)
+    if window is None or spec.sliding_window is not None:
+        return spec
+    return dataclasses.replace(spec, sliding_window=window, sliding_layers=None if layers == spec.layers else layers)
+
+
+def _patchify_forward(self: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # torch 2.13's meta kernel for convolution fails under the jit tracer (its shape
+    # checks receive traced tensors). A patchifying conv (stride == kernel) is a linear
+    # map of the flattened patches, with exactly the same MACs:
+    # [N, C, H, W] -> [N, (H/p)(W/q), C*p*q] @ [C*p*q, C_out]
+    n, c, h, w = x.shape
+    p, q = self.kernel_size
+    patches = x.reshape(n, c, h // p, p, w // q, q).permute(0, 2, 4, 1, 3, 5)
+    patches = patches.reshape(n, (h // p) * (w // q), c * p * q)
+    out = nn.functional.linear(patches, weight.reshape(weight.shape[0], -1), bias)
+    return out.transpose(1, 2).reshape(n, weight.shape[0], h // p, w // q)
+
+
+def patchify_conv(module: nn.Module) -> None:
+    """A Conv2d whose stride is its kernel (a ViT patch embedding) runs as the linear map it is."""
+    if (
+        type(module) is nn.Conv2d
+        and module.stride == module.kernel_size
+        and module.padding in ((0, 0), "valid")
+        and module.dilation == (1, 1)
+        and module.groups == 1
+    ):
+        module._conv_forward = types.MethodType(_patchify_forward, module)  # type: ignore[method-assign]

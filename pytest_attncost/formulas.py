@@ -213,18 +213,6 @@ class ModelSpec:
         """Inverse of :meth:`to_dict`."""
         return cls(**data)
 
-    @classmethod
-    def from_config(cls, config: Any) -> ModelSpec:
-        """Read the shape from a transformers ``PretrainedConfig`` (see :mod:`pytest_attncost.families`).
-
-        Raises:
-            ValueError: the config does not describe a shape the cost model covers; the
-                message says why.
-        """
-        from .families import spec_from_config
-
-        return spec_from_config(config)
-
 
 @dataclass(frozen=True)
 class Costs:

@@ -1,4 +1,5 @@
-"""The ``attncost`` marker: one spec of allowed keywords, parsed and validated, and the bound checks.
+"""The ``attncost`` marker: one spec of allowed keywords, parsed and validated, and every check over a
+:class:`Profile`, a :class:`Sweep` or a :class:`Timing` (bounds on measured time included).
 
 Plain functions of plain data: no pytest session is needed to test them.
 """
@@ -8,19 +9,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .formulas import relative_deviation
+from .result import MODES, Profile, Timing
+from .sweep import Sweep, SweepError
 from .units import UnitError, format_bytes, format_count, format_tokens, parse_bytes, parse_count
 
-if TYPE_CHECKING:
-    from .result import Profile
-    from .sweep import Sweep
-
-__all__ = ["Bounds", "MarkerError", "check_bounds", "parse_marker_kwargs", "MARKER_HELP"]
+__all__ = ["Bounds", "MIN_REPEATS", "MarkerError", "TIME_BOUNDS", "check_bounds", "check_sweep", "check_time_bounds",
+           "parse_marker_kwargs", "parse_time_bound", "MARKER_HELP"]
 
 MARKER_HELP = (
     "attncost(n=None, batch=1, **bounds): profile with the attncost fixture at length n "
@@ -84,7 +84,6 @@ class Bounds:
         return any(v is not None for v in (self.crossover_min, self.crossover_max, self.crossover_rtol))
 
 
-MODES = ("forward", "train", "decode")  # api.MODES, without importing torch
 _SHARES = ("attention_share_max", "attention_share_min", "quadratic_share_max", "linear_saving_max")
 _COUNTS = ("total_max", "attention_max", "ffn_max")
 KEYWORDS = frozenset({"n"} | {f.name for f in dataclasses.fields(Bounds)} - {"lengths"})
@@ -183,8 +182,6 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
             values["kv_cache_max"] = parse_bytes(kwargs["kv_cache_max"])
         except UnitError as exc:
             raise MarkerError(f"kv_cache_max: {exc}") from None
-    from .timing import TIME_BOUNDS, parse_time_bound  # torch-free
-
     for name in TIME_BOUNDS:
         if name in kwargs:
             try:
@@ -327,8 +324,6 @@ NO_SWEEP = "crossover bounds need a sweep: call attncost.sweep(model, [n1, n2, .
 
 def check_sweep(bounds: Bounds, sweep: Sweep) -> list[str]:
     """Every crossover bound *sweep* breaks."""
-    from .sweep import SweepError
-
     if not bounds.has_sweep_bounds:
         return []
     name = sweep.name
@@ -358,4 +353,74 @@ def check_sweep(bounds: Bounds, sweep: Sweep) -> list[str]:
                 f"crossover n={format_tokens(measured)} deviates {abs(measured - formula) / formula:.2%} from the "
                 f"formula's {format_tokens(formula)} (crossover_rtol {bounds.crossover_rtol}) {where}"
             )
+    return problems
+
+
+# --- bounds on measured time -------------------------------------------------------------------
+
+#: Marker keywords on measured shares (same meaning as the MAC shares, over measured time).
+#: A bound on measured time is checked only with at least MIN_REPEATS repeats: fewer cannot tell a
+#: broken bound from a noisy one.
+MIN_REPEATS = 5
+TIME_BOUNDS = ("attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max",
+               "quadratic_time_share_min")
+
+
+TIME_BOUND_MESSAGE = ("{stat} {median:.3f} {op} {limit:g} beyond the noise at n={n} on {where} "
+                      "(median of {repeats} repeats, spread ±{spread:.3f}; MAC share {macs:.3f})")
+
+
+TOO_FEW_REPEATS = ("{bound}={limit:g}: {name} at n={n} was timed {repeats} time(s); a bound on measured time needs "
+                   "at least {minimum} repeats to tell a broken bound from noise: measure(..., repeats={minimum})")
+
+
+NO_TIMING = "{bound}: nothing was timed: call attncost.measure(model) in the test body"
+
+
+def parse_time_bound(name: str, value: object) -> float:
+    """Validate one marker keyword of :data:`TIME_BOUNDS`; raises ValueError naming it."""
+    if name not in TIME_BOUNDS:
+        raise ValueError(f"unknown time bound {name!r}; valid: {', '.join(TIME_BOUNDS)}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _where(timing: Timing) -> str:
+    return "this CPU" if timing.device == "cpu" else timing.device_name or timing.device
+
+
+def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, float | None]) -> list[str]:
+    """Every broken bound on measured shares, as messages (empty: all hold).
+
+    A ``*_max`` bound fails when ``median - spread > limit``, a ``*_min`` bound when
+    ``median + spread < limit``: broken beyond the noise the repeats themselves show. A
+    bound over a timing of fewer than :data:`MIN_REPEATS` repeats fails with a message
+    asking for more, rather than passing on noise.
+    """
+    if isinstance(timings, Timing):
+        timings = [timings]
+    wanted = {k: v for k, v in bounds.items() if v is not None}
+    for key in wanted:
+        if key not in TIME_BOUNDS:
+            raise ValueError(f"unknown time bound {key!r}; valid: {', '.join(TIME_BOUNDS)}")
+    if not wanted:
+        return []
+    if not timings:
+        return [NO_TIMING.format(bound=", ".join(sorted(wanted)))]
+    problems: list[str] = []
+    for timing in timings:
+        for bound, limit in wanted.items():
+            if timing.repeats < MIN_REPEATS:
+                problems.append(TOO_FEW_REPEATS.format(bound=bound, limit=limit, name=timing.name, n=timing.n,
+                                                       repeats=timing.repeats, minimum=MIN_REPEATS))
+                continue
+            stat, _, side = bound.rpartition("_")
+            median, spread = timing.median(stat), timing.spread(stat)
+            broken = median - spread > limit if side == "max" else median + spread < limit
+            if broken:
+                macs = timing.attention_mac_share if stat.startswith("attention") else timing.quadratic_mac_share
+                problems.append(TIME_BOUND_MESSAGE.format(
+                    stat=stat, median=median, op=">" if side == "max" else "<", limit=limit, n=timing.n,
+                    where=_where(timing), repeats=timing.repeats, spread=spread, macs=macs))
     return problems

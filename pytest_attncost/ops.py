@@ -1,28 +1,145 @@
-"""Which aten ops multiply matrices, which are attention, and the record of one counted op.
+"""The one op table: which aten ops multiply, where their operands are, their MACs from shapes.
 
-torch-free tables, so that :mod:`pytest_attncost.roles` (and anything that only reads
-records) runs without importing torch. The counters in :mod:`pytest_attncost.counting`
-fill :class:`OpRecord` records; the handles that count each op live there.
+torch-free, so that the split (:mod:`~pytest_attncost.roles`) and everything that only reads
+records run without torch. Every reader of ops uses this table: the fvcore handles and the
+torch backend's formulas (:mod:`~pytest_attncost.counting`) for the products their libraries do
+not count themselves, the split (is a record a product, a fused attention op), and the timing
+engine (which profiler ops multiply, which operand is a weight, their MACs from recorded shapes).
+Names are the dispatcher's, ``aten::mm``; short names (``mm``) are what views are listed by.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 __all__ = [
-    "ATTENTION_OPS",
-    "CONTRACTING_OPS",
+    "FUSED_ATTENTION_OPS",
     "MASK_CAUSAL",
     "MASK_NONE",
     "MASK_UNKNOWN",
     "MATMUL_LIKE_UNSUPPORTED",
     "OpRecord",
+    "PRODUCTS",
+    "Product",
+    "RawCount",
     "SDPA_OPS",
-    "TORCH_ATTENTION_OPS",
+    "VIEW_OPS",
+    "ancestors",
+    "attention_macs",
+    "is_fused",
+    "is_product",
+    "short",
 ]
 
-SDPA_OPS = (
+Shape = Sequence[int]
+
+
+def _matmul(a: Shape, b: Shape, out: Shape = ()) -> int:
+    """``[.., n, k] @ [.., k, m]`` with broadcast batch dimensions (1-D operands as torch.matmul takes them)."""
+    if len(a) == 1 and len(b) == 1:
+        return a[0]
+    if len(a) == 1:
+        a = (1, *a)
+    if len(b) == 1:
+        b = (*b, 1)
+    batch_a, batch_b = tuple(a[:-2]), tuple(b[:-2])
+    width = max(len(batch_a), len(batch_b))
+    batch_a, batch_b = (1,) * (width - len(batch_a)) + batch_a, (1,) * (width - len(batch_b)) + batch_b
+    return math.prod(max(x, y) for x, y in zip(batch_a, batch_b)) * a[-2] * a[-1] * b[-1]
+
+
+def _linear(x: Shape, w: Shape, out: Shape = ()) -> int:
+    return math.prod(x[:-1]) * w[0] * w[1]  # [.., in] @ [in, out]
+
+
+def _rows(a: Shape, b: Shape, out: Shape = ()) -> int:
+    return math.prod(a)  # [n, k] @ [k]: mv, dot, vdot
+
+
+def _outer(u: Shape, v: Shape, out: Shape = ()) -> int:
+    return math.prod(u) * math.prod(v)  # addr: [n] x [m], accumulated
+
+
+def _batched(a: Shape, b: Shape, out: Shape = ()) -> int:
+    return a[0] * a[1] * a[2] * b[-1]  # bmm, baddbmm, addbmm: [B, n, k] @ [B, k, m]
+
+
+def _packed_int8(a: Shape, b: Shape, out: Shape = ()) -> int:
+    return math.prod(a) * b[0]  # [m, k] @ [n, k]^T
+
+
+def _grouped(a: Shape, b: Shape, out: Shape = ()) -> int:
+    # 2D x 2D: [m, K] @ [K, n] split along K into groups (weight gradients): m * K * n; otherwise each output
+    # element is one row of a against one column of a group's matrix: out * k
+    if len(a) == 2 and len(b) == 2:
+        return a[0] * a[1] * b[1]
+    return math.prod(out) * a[-1]
+
+
+def attention_macs(q: Shape, k: Shape, v: Shape) -> int:
+    """QK^T plus AV of fused attention, per query head (grouped-query and cross-attention included)."""
+    # scores: [b, h, n, d] @ [b, h, d, m]; output: [b, h, n, m] @ [b, h, m, d_v]
+    return math.prod(q[:-1]) * k[-2] * (q[-1] + v[-1])
+
+
+@dataclass(frozen=True)
+class Product:
+    """One op that multiplies matrices.
+
+    Attributes:
+        operands: the argument positions of its two matrices (``()``: every tensor it is given,
+            as einsum's list).
+        macs: its MACs from the operands' shapes (and the output's); None where only a backend can
+            tell (einsum's equation, a convolution's geometry, a packed weight).
+        weight: its second operand is a weight by construction (Linear, convolutions), whatever the
+            profiler's shapes show.
+        packed: its weight is packed inside the op (quantized kernels): no operand shows it, and it
+            is a parameter product wherever it runs.
+    """
+
+    operands: tuple[int, ...] = (0, 1)
+    macs: Callable[[Shape, Shape, Shape], int] | None = None
+    weight: bool = False
+    packed: bool = False
+
+
+_CONV = Product(weight=True)
+_QUANTIZED = Product((0,), packed=True)
+
+#: Every op that multiplies matrices, as the jit trace, the dispatcher or the profiler name it.
+PRODUCTS: Mapping[str, Product] = {
+    "aten::linear": Product(macs=_linear, weight=True),
+    "aten::matmul": Product(macs=_matmul),
+    "aten::mm": Product(macs=_matmul),
+    "aten::bmm": Product(macs=_batched),
+    "aten::addmm": Product((1, 2), _matmul),
+    "aten::baddbmm": Product((1, 2), _batched),
+    "aten::addbmm": Product((1, 2), _batched),
+    "aten::mv": Product(macs=_rows),
+    "aten::addmv": Product((1, 2), _rows),
+    "aten::dot": Product(macs=_rows),
+    "aten::vdot": Product(macs=_rows),
+    "aten::addr": Product((1, 2), _outer),
+    "aten::einsum": Product(()),
+    "aten::bilinear": Product((), weight=True),
+    "aten::tensordot": Product(()),
+    "aten::_grouped_mm": Product(macs=_grouped),
+    "aten::_int_mm": Product(macs=_matmul),
+    "aten::_weight_int8pack_mm": Product(macs=_packed_int8, packed=True),
+    "aten::_scaled_mm": Product(),
+    **{f"aten::{name}": _CONV for name in (
+        "_convolution", "convolution", "convolution_backward", "_slow_conv2d_forward", "cudnn_convolution",
+        "convolution_overrideable", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+        "conv_transpose3d")},
+    **{f"quantized::{name}": _QUANTIZED for name in (
+        "linear_dynamic", "linear", "linear_relu", "linear_relu_dynamic", "linear_dynamic_fp16")},
+}
+
+#: Fused attention as the jit trace and the dispatcher name it, forward, taking (q, k, v, ...).
+SDPA_OPS = frozenset({
     "aten::scaled_dot_product_attention",
     "aten::_scaled_dot_product_attention_math",
     "aten::_scaled_dot_product_flash_attention",
@@ -30,81 +147,60 @@ SDPA_OPS = (
     "aten::_scaled_dot_product_efficient_attention",
     "aten::_scaled_dot_product_cudnn_attention",
     "aten::_scaled_dot_product_fused_attention_overrideable",
-)
+})
 
-#: Ops that are attention cores wherever they run.
-ATTENTION_OPS = frozenset(SDPA_OPS)
-
-#: Matrix products, with the input positions of their two operands (einsum: a list).
-CONTRACTING_OPS: Mapping[str, tuple[int, ...]] = {
-    "aten::linear": (0, 1),
-    "aten::addmm": (1, 2),
-    "aten::mm": (0, 1),
-    "aten::matmul": (0, 1),
-    "aten::bmm": (0, 1),
-    "aten::baddbmm": (1, 2),
-    "aten::addbmm": (1, 2),
-    "aten::mv": (0, 1),
-    "aten::addmv": (1, 2),
-    "aten::dot": (0, 1),
-    "aten::einsum": (1,),
-    "aten::_convolution": (0, 1),
-    # dispatcher-level products the torch backend records (no fvcore handle needed)
-    "aten::vdot": (0, 1),
-    "aten::addr": (1, 2),
-    "aten::_grouped_mm": (0, 1),
-    "aten::_int_mm": (0, 1),
-    "aten::_weight_int8pack_mm": (0, 1),
-    "quantized::linear_dynamic": (0,),
-    "quantized::linear": (0,),
-    "quantized::linear_relu": (0,),
-    "quantized::linear_relu_dynamic": (0,),
-    "quantized::linear_dynamic_fp16": (0,),
-}
+#: Ops that are attention cores wherever they run: the forward kernels above, their backward
+#: kernels and the flash / memory-efficient kernels they call.
+FUSED_ATTENTION_OPS = SDPA_OPS | frozenset(
+    f"aten::{name}{suffix}"
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                 "_scaled_dot_product_fused_attention_overrideable")
+    for suffix in ("", "_backward")
+) | frozenset({"aten::_flash_attention_forward", "aten::_flash_attention_backward",
+               "aten::_efficient_attention_forward", "aten::_efficient_attention_backward"})
 
 #: Ops that multiply matrices but that no handle counts: seeing one means a count is short.
-MATMUL_LIKE_UNSUPPORTED = frozenset(
-    {
-        "aten::_native_multi_head_attention",
-        "aten::_transformer_encoder_layer_fwd",
-        "aten::_transformer_decoder_only_layer_fwd",
-        "aten::tensordot",
-        "aten::bilinear",
-        "aten::_scaled_mm",
-        "aten::_addmm_activation",
-        "aten::chain_matmul",
-        "aten::linalg_multi_dot",
-        "aten::inner",
-        "aten::outer",
-        "aten::ger",
-        "aten::kron",
-        "aten::conv_tbc",
-        "aten::_flash_attention_forward",
-        "aten::_efficient_attention_forward",
-    }
-)
+MATMUL_LIKE_UNSUPPORTED = frozenset({
+    "aten::_native_multi_head_attention", "aten::_transformer_encoder_layer_fwd",
+    "aten::_transformer_decoder_only_layer_fwd", "aten::tensordot", "aten::bilinear", "aten::_scaled_mm",
+    "aten::_addmm_activation", "aten::chain_matmul", "aten::linalg_multi_dot", "aten::inner", "aten::outer",
+    "aten::ger", "aten::kron", "aten::conv_tbc", "aten::_flash_attention_forward",
+    "aten::_efficient_attention_forward",
+})
+
+#: Ops whose output is (part of) their first input, by short name: a parameter seen through them is
+#: still the parameter (views, casts, copies, experts picked per token from stacked weights).
+VIEW_OPS = frozenset({
+    "t", "transpose", "permute", "view", "reshape", "_unsafe_view", "contiguous", "expand", "expand_as",
+    "unsqueeze", "squeeze", "to", "_to_copy", "type_as", "detach", "clone", "alias", "numpy_T", "mT", "flatten",
+    "unflatten", "select", "slice", "chunk", "split", "unsafe_chunk", "unsafe_split", "split_with_sizes", "narrow",
+    "unbind", "view_as", "reshape_as", "ListUnpack", "TupleUnpack", "movedim", "swapaxes", "repeat_interleave",
+    "index", "index_select",
+})
 
 
-#: Attention ops as torch dispatches them, forward and backward (fused kernels; on meta and
-#: fake tensors sdpa decomposes into bmm, which the core rule already covers).
-TORCH_ATTENTION_OPS = frozenset(
-    {
-        "aten::_scaled_dot_product_flash_attention",
-        "aten::_scaled_dot_product_flash_attention_backward",
-        "aten::_scaled_dot_product_flash_attention_for_cpu",
-        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-        "aten::_scaled_dot_product_efficient_attention",
-        "aten::_scaled_dot_product_efficient_attention_backward",
-        "aten::_scaled_dot_product_cudnn_attention",
-        "aten::_scaled_dot_product_cudnn_attention_backward",
-        "aten::_scaled_dot_product_fused_attention_overrideable",
-        "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-        "aten::_flash_attention_forward",
-        "aten::_flash_attention_backward",
-        "aten::_efficient_attention_forward",
-        "aten::_efficient_attention_backward",
-    }
-)
+def short(op: str) -> str:
+    """``aten::mm`` -> ``mm``."""
+    return op.split("::", 1)[-1]
+
+
+def ancestors(scope: str) -> list[str]:
+    """``a.b.c`` -> ``a.b.c``, ``a.b``, ``a``, ``""`` (the root): the modules enclosing a scope, innermost first."""
+    chain = [scope]
+    while scope:
+        scope = scope.rpartition(".")[0]
+        chain.append(scope)
+    return chain
+
+
+def is_product(op: str) -> bool:
+    return op in PRODUCTS
+
+
+def is_fused(op: str) -> bool:
+    return op in FUSED_ATTENTION_OPS
+
 
 MASK_NONE = ""  # no mask reaches the product: it runs on every query-key pair
 MASK_CAUSAL = "causal"  # a causal mask: query i sees keys j <= i (is_causal=True, tril, triu(1))
@@ -138,3 +234,20 @@ class OpRecord:
     shapes: tuple[tuple[int, ...], ...]
     out_shape: tuple[int, ...] = ()
     mask: str = ""
+
+
+@dataclass
+class RawCount:
+    """What one count produced, before the split into roles."""
+
+    total: int
+    records: list[OpRecord]
+    unsupported_ops: Counter[str]
+    by_module: dict[str, int]
+    module_names: dict[str, str] = field(default_factory=dict)  # name -> class name
+    copied_layers: tuple[str, ...] = ()  # repeated layers counted as copies of a traced one (counting.repeats)
+
+    @property
+    def opaque(self) -> list[str]:
+        """Custom ``torch.autograd.Function``s the tracer saw as one op each: products inside them are unseen."""
+        return sorted(op for op in self.unsupported_ops if op.startswith("prim::PythonOp"))

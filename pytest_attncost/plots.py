@@ -1,4 +1,5 @@
-"""Plots of sweeps: shares vs n with the thresholds marked, and the cost parts stacked vs n.
+"""All the plots: a sweep's shares vs n with the thresholds marked and its cost parts stacked vs n, a decode
+step's parts over the cache length, and measured time beside MACs.
 
 matplotlib is an optional extra (``pip install 'pytest-attncost[plot]'``) and is
 imported only here, only when a plot is asked for.
@@ -13,7 +14,12 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MISSING_MATPLOTLIB", "plot_sweep", "require_matplotlib", "shares_plot", "stem_for"]
+from . import formulas
+from .formulas import ModelSpec
+from .units import format_count
+
+__all__ = ["MISSING_MATPLOTLIB", "plot_decode", "plot_sweep", "plot_time_shares", "require_matplotlib", "shares_plot",
+           "stem_for"]
 
 MISSING_MATPLOTLIB = "plots need matplotlib: pip install 'pytest-attncost[plot]'"
 FORMATS = ("png", "svg")
@@ -64,8 +70,6 @@ def count_ticks(ax: Any) -> None:
     prefixed as they are.
     """
     from matplotlib.ticker import FuncFormatter
-
-    from .units import format_count
 
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: format_count(
         Fraction(value).limit_denominator(1000), "mac", suffix=False)))
@@ -132,3 +136,57 @@ def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = 
         ax.legend(fontsize=8, loc="upper left")
         paths += _save(figure, directory, f"{stem}-parts")
     return paths
+
+
+def plot_time_shares(data: Mapping[str, Any], directory: Path, stem: str) -> list[Path]:
+    """Write ``<stem>-time-shares`` (PNG and SVG): attention's share of MACs and of time vs n,
+    with the formula's crossover and the measured ones; *data* is :meth:`TimingSweep.to_dict`."""
+    rows = sorted(data["timings"], key=lambda r: r["n"])
+    ns = [r["n"] for r in rows]
+
+    def draw(ax: Any) -> None:
+        ax.plot(ns, [r["attention_mac_share"] for r in rows], marker="o", label="attention share of MACs")
+        ax.plot(ns, [r["attention_time_share"] for r in rows], marker="s", label="attention share of time")
+        formula = data.get("formula_crossover_n")
+        if formula:
+            ax.axvline(formula, color="black", linestyle="--", linewidth=1,
+                       label=f"attention = FFN in MACs (formula): n={formula:,.0f}")
+        measured = data.get("time_crossover_n")
+        if measured:
+            ax.axvline(measured, color="red", linestyle="-.", linewidth=1,
+                       label=f"attention = FFN in time (measured): n={measured:,.0f}")
+
+    where = rows[0]["device_name"] if rows else ""
+    return shares_plot(ns, f"{data['name']}: MACs vs time ({where})", directory, f"{stem}-time-shares", draw)
+
+
+def plot_decode(spec: ModelSpec, ns: Any, path: Any, new_tokens: int = 1, batch: int = 1) -> Path:
+    """Plot a decode step's core, projections and FFN per new token over the cache length, with the
+    crossover marked; writes *path* (its suffix picks the format) and returns it.
+
+    Raises:
+        ImportError: matplotlib is missing (``pip install 'pytest-attncost[plot]'``).
+    """
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted(ns)
+    steps = [formulas.decode_costs(spec, n, new_tokens, batch) for n in lengths]
+    per_token = new_tokens * batch
+    figure, ax = plt.subplots(figsize=(7, 4))
+    for part, label in (("attention_core", "core"), ("attention_proj", "projections"), ("ffn", "FFN")):
+        ax.plot(lengths, [getattr(s, part) / per_token for s in steps], marker="o", label=label)
+    cross = formulas.decode_crossover_n(spec)
+    if cross is not None:
+        ax.axvline(float(cross), color="grey", linestyle="--", label=f"core = FFN at {float(cross):,.0f}")
+    ax.set_xlabel("tokens in the KV cache (n)")
+    ax.set_ylabel("MAC per new token (whole model)")
+    ax.set_title("decode step against a KV cache")
+    ax.legend()
+    target = Path(path)
+    figure.savefig(target, bbox_inches="tight", metadata={"Date": None} if target.suffix == ".svg" else None)
+    plt.close(figure)
+    return target

@@ -223,7 +223,7 @@ class AttncostFixture:
                 threads: int | None = None) -> Any:
         """Like :func:`pytest_attncost.measure`: time the real model beside its count, with the marker's n
         and batch; the profile and the timing go to the report, and the marker's time bounds check it."""
-        from .timing import measure
+        from .api import measure
 
         if n is None:
             n = self._n

@@ -11,25 +11,22 @@ what the other shows. Renderers never see the pytest config: each is a plain fun
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import textwrap
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .formulas import ModelSpec
 from .markers import threshold_notes
-from .result import Profile
+from .result import Profile, versions
 from .sweep import Sweep, SweepError
-from .units import format_bytes, format_count, format_tokens
+from .units import format_bytes, format_count, format_tokens, table
 
 __all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "render_markdown", "render_terminal", "row_key",
-           "sections", "sort_rows", "table", "write_atomic"]
+           "sections", "sort_rows", "write_atomic"]
 
 SCHEMA = 1
 
@@ -388,28 +385,6 @@ def sections(rows: Sequence[Row], sweeps: Sequence[SweepRow] = ()) -> list[Secti
     return [section for section in found if section.lines]
 
 
-def table(headers: Sequence[str], body: Sequence[Sequence[str]], *, right: Iterable[int] | None = None,
-          rule: bool = True) -> list[str]:
-    """Lines of a plain-text table: the one formatter of the report and the CLI.
-
-    Args:
-        headers: column titles.
-        body: rows of cells, already formatted.
-        right: indices of the right-aligned (numeric) columns; default: all but the first two and the last,
-            the report's layout (test and model on the left, verdict last).
-        rule: a line of dashes under the headers.
-    """
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
-    numeric = set(range(2, len(headers) - 1) if right is None else right)
-
-    def line(cells: Sequence[str]) -> str:
-        out = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return "  ".join(out).rstrip()
-
-    return [line(headers), *([line(["-" * w for w in widths])] if rule else []), *(line(r) for r in body)]
-
-
-
 def _short_ids(ids: Sequence[str]) -> list[str]:
     """Test ids without the directory they all share (``examples/``)."""
     directories = [i.split("::", 1)[0].rpartition("/")[0] for i in ids]
@@ -559,23 +534,6 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Swe
     return "\n".join(out) + "\n"
 
 
-def versions() -> dict[str, str]:
-    """Versions of what produced the counts (read from package metadata: nothing is imported)."""
-    return dict(_versions())
-
-
-@functools.cache
-def _versions() -> tuple[tuple[str, str], ...]:
-    # Read once per process: each lookup scans sys.path (~1.5 ms), and what is imported cannot change.
-    found = {"python": ".".join(map(str, sys.version_info[:3]))}
-    for dist in ("pytest-attncost", "torch", "fvcore", "transformers", "pytest"):
-        try:
-            found[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return tuple(found.items())
-
-
 def render_json(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[SweepRow] = ()) -> str:
     """The versioned JSON document: sorted keys and rows, fixed indentation, no NaN."""
     return render_documents([row.to_dict() for row in sort_rows(rows)],
@@ -610,40 +568,3 @@ def append_once(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def module_rows(profile: Any, depth: int = 2) -> list[dict[str, Any]]:
-    """The rows of :meth:`Profile.table`: module, label, class, role, params, MACs and self MACs (ints)."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-        raise ValueError(f"depth must be an int >= 0, got {depth!r}")
-    modules = profile.modules
-    containers = {name for name, (cls, _, _) in modules.items() if cls in ("ModuleList", "Sequential", "ModuleDict")}
-
-    def level(name: str) -> int:
-        parts = name.split(".") if name else []
-        return sum(1 for i in range(len(parts)) if ".".join(parts[: i + 1]) not in containers)
-
-    shown = [name for name in modules if name not in containers and level(name) <= depth]
-    rows = []
-    for name in shown:
-        macs = int(profile.by_module.get(name, 0))
-        below = [other for other in shown if other != name and (not name or other.startswith(name + "."))]
-        # the rows directly under this one: shown modules with no shown module between
-        direct = [b for b in below if not any(a != b and b.startswith(a + ".") for a in below)]
-        parts = name.split(".")
-        start = len(parts) - 1
-        while start > 0 and ".".join(parts[:start]) in containers:  # "layer.0", not "0"
-            start -= 1
-        cls, params, role = modules[name]
-        rows.append({"module": name, "label": "  " * level(name) + (".".join(parts[start:]) if name else "(model)"),
-                     "class": cls, "role": role, "params": params, "macs": macs,
-                     "self": macs - sum(int(profile.by_module.get(child, 0)) for child in direct)})
-    return rows
-
-
-def module_table(profile: Any, depth: int = 2) -> str:
-    """See :meth:`Profile.table`."""
-    body = [[r["label"], r["class"], r["role"], f"{r['params']:,}", format_count(r["macs"], "mac", suffix=False),
-             format_count(r["self"], "mac", suffix=False)] for r in module_rows(profile, depth)]
-    lines = table(["module", "class", "role", "params", "MACs", "self"], body, right=(3, 4, 5))
-    lines.append(f"{profile.name} at n={profile.n}, batch={profile.batch}: {profile.total:,} MAC; "
-                 "MACs include everything below a module, self what no row below it shows")
-    return "\n".join(lines)

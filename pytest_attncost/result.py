@@ -1,19 +1,32 @@
-"""Profile: one counted forward pass, in MACs, split the article's way."""
+"""The records: :class:`Profile` (one counted forward pass, split the article's way) and :class:`Timing`
+(one timed forward pass, split the same way), and the vocabularies every module shares."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+import math
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from . import formulas
-from .ops import MATMUL_LIKE_UNSUPPORTED
 from .formulas import Costs, ModelSpec, relative_deviation
+from .ops import MATMUL_LIKE_UNSUPPORTED
+from .units import format_count, format_seconds, table
 
-__all__ = ["Profile"]
+__all__ = ["BACKENDS", "CAUSAL", "COMPONENTS", "MODES", "PARTS", "TOTALS", "Profile", "Timing", "median", "versions"]
 
+#: The parts the formulas describe, and the four every count is split into.
 COMPONENTS = ("attention_core", "attention_proj", "ffn")
+PARTS = (*COMPONENTS, "other")
+#: What profile() takes: the counters, what is counted, how causal attention is counted.
+BACKENDS = ("fvcore", "torch")
+MODES = ("forward", "train", "decode")
+CAUSAL = ("full", "half")
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,10 @@ class Profile:
     kv_cache_bytes: int | None = None
     # module -> (class, parameters, role): for table(); not part of the dict (it can be large)
     modules: Mapping[str, tuple[str, int, str]] = field(default_factory=dict, repr=False, compare=False)
+    # module -> "attention" / "ffn": the role map the split used (measure() places time with it), and
+    # whether it is the user's roles= (a fused attention op is then a core wherever it runs)
+    roles: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    roles_given: bool = field(default=False, repr=False, compare=False)
 
     def __repr__(self) -> str:
         """Short enough for an assertion message: what was counted, and the split."""
@@ -95,8 +112,6 @@ class Profile:
         module and everything in it, and ``self``: the MACs no row below it shows, so that the
         ``self`` column sums to the whole count (as fvcore's ``flop_count_table`` does per row).
         """
-        from .reporting import module_table
-
         return module_table(self, depth)
 
     @property
@@ -188,8 +203,6 @@ class Profile:
             raise AssertionError(
                 f"{self.name}: no formula to compare with (unknown shape); pass spec=ModelSpec(...) to profile()"
             )
-        from .reporting import table
-
         body = []
         bad = False
         for part in COMPONENTS:
@@ -254,3 +267,319 @@ class Profile:
             if name in kwargs:
                 kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)
+
+
+def versions() -> dict[str, str]:
+    """Versions of what produced the counts (read from package metadata: nothing is imported)."""
+    return dict(_versions())
+
+
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
+    # Read once per process: each lookup scans sys.path (~1.5 ms), and what is imported cannot change.
+    found = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for dist in ("pytest-attncost", "torch", "fvcore", "transformers", "pytest"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return tuple(found.items())
+
+
+def module_rows(profile: Profile, depth: int = 2) -> list[dict[str, Any]]:
+    """The rows of :meth:`Profile.table`: module, label, class, role, params, MACs and self MACs (ints)."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+    modules = profile.modules
+    containers = {name for name, (cls, _, _) in modules.items() if cls in ("ModuleList", "Sequential", "ModuleDict")}
+
+    def level(name: str) -> int:
+        parts = name.split(".") if name else []
+        return sum(1 for i in range(len(parts)) if ".".join(parts[: i + 1]) not in containers)
+
+    shown = [name for name in modules if name not in containers and level(name) <= depth]
+    rows = []
+    for name in shown:
+        macs = int(profile.by_module.get(name, 0))
+        below = [other for other in shown if other != name and (not name or other.startswith(name + "."))]
+        # the rows directly under this one: shown modules with no shown module between
+        direct = [b for b in below if not any(a != b and b.startswith(a + ".") for a in below)]
+        parts = name.split(".")
+        start = len(parts) - 1
+        while start > 0 and ".".join(parts[:start]) in containers:  # "layer.0", not "0"
+            start -= 1
+        cls, params, role = modules[name]
+        rows.append({"module": name, "label": "  " * level(name) + (".".join(parts[start:]) if name else "(model)"),
+                     "class": cls, "role": role, "params": params, "macs": macs,
+                     "self": macs - sum(int(profile.by_module.get(child, 0)) for child in direct)})
+    return rows
+
+
+def module_table(profile: Profile, depth: int = 2) -> str:
+    """See :meth:`Profile.table`."""
+    body = [[r["label"], r["class"], r["role"], f"{r['params']:,}", format_count(r["macs"], "mac", suffix=False),
+             format_count(r["self"], "mac", suffix=False)] for r in module_rows(profile, depth)]
+    lines = table(["module", "class", "role", "params", "MACs", "self"], body, right=(3, 4, 5))
+    lines.append(f"{profile.name} at n={profile.n}, batch={profile.batch}: {profile.total:,} MAC; "
+                 "MACs include everything below a module, self what no row below it shows")
+    return "\n".join(lines)
+
+
+# --- measured time ------------------------------------------------------------------------------
+
+#: Sample names besides the parts: op time in the parts, time between ops, the traced forward's
+#: wall (or device) time, and the plain forward's.
+TOTALS = ("attributed", "unattributed", "traced", "forward")
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _spread(values: Sequence[float]) -> float:
+    """Median absolute deviation from the median: one slow repeat does not widen it."""
+    if len(values) < 2:
+        return 0.0
+    middle = statistics.median(values)
+    return float(statistics.median(abs(v - middle) for v in values))
+
+
+def _ratio(top: float, bottom: float) -> float:
+    return top / bottom if bottom > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Measured time of one model's forward pass, split like its :class:`Profile`'s MACs.
+
+    Every figure is the median over the repeats; :meth:`spread` gives the median absolute
+    deviation. Seconds are wall time on the CPU and device (kernel) time on a GPU.
+
+    Attributes:
+        name: the model's name (as in its profile).
+        n: the sequence length.
+        batch: the batch size.
+        device: where it ran, ``"cpu"`` or ``"cuda:0"``.
+        device_name: the processor (``"x86_64 CPU, 2 threads"``, ``"NVIDIA H200"``).
+        dtype: the parameters' dtype while timed, e.g. ``"float32"``.
+        clock: ``"wall"`` (CPU) or ``"device"`` (kernel times on the GPU).
+        warmup: untimed forwards run first.
+        repeats: timed forwards (each plain, and each traced).
+        samples: seconds per repeat: the four parts, ``attributed`` (their sum),
+            ``unattributed`` (traced - attributed: time between ops), ``traced`` (the traced
+            forward) and ``forward`` (the plain forward, no profiler, no hooks).
+        macs: the count's MACs per part (from ``profile()``), for MAC/s and shares.
+        roles: module -> ``"attention"`` / ``"ffn"``: the role map the split used, the one
+            ``profile()``'s split uses.
+        by_module: median seconds of the ops each module ran itself (innermost scope).
+        timed_macs: MACs of the timed products per part, read from their shapes (a cross-check
+            of the placement against the count).
+        notes: what may make the figures doubtful (a path other than the counted one,
+            tracing overhead).
+        profile: the :class:`Profile` the MACs come from (not in JSON: it has its own entry).
+    """
+
+    name: str
+    n: int
+    batch: int
+    device: str
+    device_name: str
+    dtype: str
+    clock: str
+    warmup: int
+    repeats: int
+    samples: Mapping[str, tuple[float, ...]]
+    macs: Mapping[str, int] = field(default_factory=dict)
+    roles: Mapping[str, str] = field(default_factory=dict)
+    by_module: Mapping[str, float] = field(default_factory=dict)
+    timed_macs: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    profile: Any = field(default=None, compare=False, repr=False)
+
+    def __repr__(self) -> str:
+        return (f"Timing({self.name!r}, n={self.n}, {self.device}, forward={format_seconds(self.forward)}, "
+                f"attention_time_share={self.attention_time_share:.3f}, "
+                f"attention_mac_share={self.attention_mac_share:.3f})")
+
+    # -- samples -------------------------------------------------------------------------
+
+    def values(self, stat: str) -> tuple[float, ...]:
+        """Per-repeat values of a part or total (seconds), or of a share (see :data:`SHARES`)."""
+        if stat in SHARES:
+            return tuple(SHARES[stat](self, i) for i in range(self.repeats))
+        if stat == "attention":
+            return tuple(c + p for c, p in zip(self.samples["attention_core"], self.samples["attention_proj"]))
+        if stat not in self.samples:
+            raise KeyError(f"no such timing figure {stat!r}; known: {', '.join([*self.samples, 'attention', *SHARES])}")
+        return tuple(self.samples[stat])
+
+    def median(self, stat: str) -> float:
+        return median(self.values(stat))
+
+    def spread(self, stat: str) -> float:
+        """Median absolute deviation of *stat* over the repeats (seconds, or a share)."""
+        return _spread(self.values(stat))
+
+    def _at(self, part: str, i: int) -> float:
+        if part == "attention":
+            return self.samples["attention_core"][i] + self.samples["attention_proj"][i]
+        return self.samples[part][i]
+
+    # -- seconds (medians) ----------------------------------------------------------------
+
+    @property
+    def attention_core(self) -> float:
+        return self.median("attention_core")
+
+    @property
+    def attention_proj(self) -> float:
+        return self.median("attention_proj")
+
+    @property
+    def attention(self) -> float:
+        return self.median("attention")
+
+    @property
+    def ffn(self) -> float:
+        return self.median("ffn")
+
+    @property
+    def other(self) -> float:
+        return self.median("other")
+
+    @property
+    def attributed(self) -> float:
+        """Time of the ops placed in the four parts (median of their per-repeat sum)."""
+        return self.median("attributed")
+
+    @property
+    def unattributed(self) -> float:
+        """Time of the traced forward spent between ops (Python, module calls, the profiler)."""
+        return self.median("unattributed")
+
+    @property
+    def traced(self) -> float:
+        """The forward's time under the profiler: attributed + unattributed."""
+        return self.median("traced")
+
+    @property
+    def forward(self) -> float:
+        """The whole forward's time, untraced (wall clock on the CPU, device time on a GPU)."""
+        return self.median("forward")
+
+    # -- shares -----------------------------------------------------------------------------
+
+    @property
+    def attention_time_share(self) -> float:
+        """attention / (attention + ffn) in time: the MAC share's twin."""
+        return self.median("attention_time_share")
+
+    @property
+    def quadratic_time_share(self) -> float:
+        """attention_core / (attention + ffn) in time."""
+        return self.median("quadratic_time_share")
+
+    @property
+    def attention_mac_share(self) -> float:
+        """attention / (attention + ffn) in MACs (the profile's ``attention_share``)."""
+        attention = self.macs.get("attention_core", 0) + self.macs.get("attention_proj", 0)
+        return _ratio(attention, attention + self.macs.get("ffn", 0))
+
+    @property
+    def quadratic_mac_share(self) -> float:
+        attention = self.macs.get("attention_core", 0) + self.macs.get("attention_proj", 0)
+        return _ratio(self.macs.get("attention_core", 0), attention + self.macs.get("ffn", 0))
+
+    def time_share(self, part: str) -> float:
+        """*part*'s share of the traced forward (the parts and ``unattributed`` sum to 1)."""
+        return median([_ratio(self._at(part, i), self.samples["traced"][i]) for i in range(self.repeats)])
+
+    def macs_per_second(self, part: str) -> float | None:
+        """The count's MACs of *part* over its measured time; None when it took no time."""
+        if part == "attention":
+            macs = self.macs.get("attention_core", 0) + self.macs.get("attention_proj", 0)
+        elif part in ("attributed", "traced", "forward"):
+            macs = sum(self.macs.get(p, 0) for p in PARTS)
+        else:
+            macs = self.macs.get(part, 0)
+        seconds = self.median(part)
+        return macs / seconds if seconds > 0 else None
+
+    # -- JSON -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe builtins only (no NaN, no infinity): for xdist, reports and baselines."""
+        figures = [*PARTS, "attention", *TOTALS]
+        rates = {part: self.macs_per_second(part) for part in (*PARTS, "attention", "forward")}
+        return {
+            "name": self.name,
+            "n": self.n,
+            "batch": self.batch,
+            "device": self.device,
+            "device_name": self.device_name,
+            "dtype": self.dtype,
+            "clock": self.clock,
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "seconds": {f: self.median(f) for f in figures},
+            "spread": {f: self.spread(f) for f in figures},
+            "samples": {k: list(v) for k, v in sorted(self.samples.items())},
+            "time_share": {part: self.time_share(part) for part in (*PARTS, "attention", "unattributed")},
+            "attention_time_share": self.attention_time_share,
+            "quadratic_time_share": self.quadratic_time_share,
+            "attention_mac_share": self.attention_mac_share,
+            "quadratic_mac_share": self.quadratic_mac_share,
+            "macs": dict(self.macs),
+            "macs_per_second": {k: (None if v is None or not math.isfinite(v) else v) for k, v in rates.items()},
+            "timed_macs": dict(self.timed_macs),
+            "by_module": dict(sorted(self.by_module.items())),
+            "roles": dict(sorted(self.roles.items())),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Timing:
+        """Inverse of :meth:`to_dict` (derived figures are recomputed from the samples)."""
+        return cls(
+            name=data["name"], n=data["n"], batch=data["batch"], device=data["device"],
+            device_name=data.get("device_name", ""), dtype=data.get("dtype", ""), clock=data.get("clock", "wall"),
+            warmup=data.get("warmup", 0), repeats=data["repeats"],
+            samples={k: tuple(v) for k, v in data["samples"].items()}, macs=dict(data.get("macs", {})),
+            roles=dict(data.get("roles", {})), by_module=dict(data.get("by_module", {})),
+            timed_macs=dict(data.get("timed_macs", {})), notes=tuple(data.get("notes", ())),
+        )
+
+    @classmethod
+    def from_samples(
+        cls, samples: Mapping[str, Sequence[float]], *, name: str = "model", n: int = 1, batch: int = 1,
+        macs: Mapping[str, int] | None = None, device: str = "cpu", **extra: Any,
+    ) -> Timing:
+        """A Timing from given per-repeat seconds of the four parts (and optionally ``traced``,
+        ``forward``): for tests and injected clocks. Missing totals are the parts' sum."""
+        parts = {p: tuple(float(v) for v in samples.get(p, ())) for p in PARTS}
+        repeats = max((len(v) for v in parts.values()), default=0)
+        parts = {p: v or (0.0,) * repeats for p, v in parts.items()}
+        if any(len(v) != repeats for v in parts.values()):
+            raise ValueError("every part needs one value per repeat")
+        attributed = tuple(sum(parts[p][i] for p in PARTS) for i in range(repeats))
+        traced = tuple(float(v) for v in samples.get("traced", attributed))
+        forward = tuple(float(v) for v in samples.get("forward", traced))
+        full = {**parts, "attributed": attributed, "traced": traced, "forward": forward,
+                "unattributed": tuple(t - a for t, a in zip(traced, attributed))}
+        return cls(name=name, n=n, batch=batch, device=device, device_name=extra.pop("device_name", device),
+                   dtype=extra.pop("dtype", "float32"), clock=extra.pop("clock", "wall"), warmup=extra.pop("warmup", 0),
+                   repeats=repeats, samples=full, macs=dict(macs or {}), **extra)
+
+
+def _share_of(top: Callable[[Timing, int], float]) -> Callable[[Timing, int], float]:
+    def share(timing: Timing, i: int) -> float:
+        return _ratio(top(timing, i), timing._at("attention", i) + timing._at("ffn", i))
+
+    return share
+
+
+#: Per-repeat shares of measured time, by name (each a function of the Timing and the repeat).
+SHARES: Mapping[str, Callable[[Timing, int], float]] = {
+    "attention_time_share": _share_of(lambda t, i: t._at("attention", i)),
+    "quadratic_time_share": _share_of(lambda t, i: t._at("attention_core", i)),
+}

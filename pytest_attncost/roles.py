@@ -27,27 +27,45 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .ops import ATTENTION_OPS, CONTRACTING_OPS, TORCH_ATTENTION_OPS, OpRecord
+from .errors import ProfileError
+from .formulas import ModelSpec
+from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product
 
-__all__ = ["ROLE_NAMES", "RoleError", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure",
-           "product_part", "split"]
+__all__ = ["ROLE_NAMES", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure",
+           "product_part", "split", "structure_warnings"]
 
 ROLE_NAMES = ("attention", "ffn")
+
+#: Warnings on a profile: the cause, the module and the MACs concerned (see DECISIONS: plain strings).
+UNPLACED_WARNING = ("{module}: {macs:,} MAC of products of two activations outside the layer's attention "
+                    "module(s) could not be placed (counted as other); pass roles= to place them")
+
+
+INLINE_WARNING = ("{module}: attention runs in the layer's own forward (no attention submodule), so its "
+                  "projections and FFN cannot be told apart; all {macs:,} parameter MAC counted as attention_proj; "
+                  "pass roles= to name the FFN")
+
+
+NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while the spec says ffn_dim={ffn_dim}; "
+                  "its FFN was not found (counted as other?); pass roles=")
+
+
+NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran no product the counter knows; "
+                   "see unsupported_ops")
+
+
+UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
+                        "cannot tell; counted in full")
+
+
+BARE_WARNING = ("{modules}: {count} layer(s) beside the attention layers ran no attention core; their {macs:,} MAC "
+                "(their FFNs included) are counted as other; pass roles= to place them")
 
 ROLES_HINT = (
     "pass roles={'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']} "
     "with fnmatch globs over the module names"
 )
 
-
-
-# torch's dispatcher names for products fvcore's table spells differently
-_TORCH_PRODUCTS = frozenset({"aten::convolution", "aten::convolution_backward", "aten::_slow_conv2d_forward",
-                             "aten::cudnn_convolution", "aten::convolution_overrideable", "aten::_scaled_mm"})
-
-
-class RoleError(ValueError):
-    """Roles could not be assigned; the message says how to pass ``roles=``."""
 
 
 @dataclass
@@ -72,15 +90,6 @@ def _parent(name: str) -> str:
     return name.rpartition(".")[0]
 
 
-def _ancestors(name: str) -> list[str]:
-    """*name*, its parent, ..., ``""`` (the root)."""
-    chain = [name]
-    while name:
-        name = _parent(name)
-        chain.append(name)
-    return chain
-
-
 def _within(scope: str, module: str) -> bool:
     return module == "" or scope == module or scope.startswith(module + ".")
 
@@ -95,17 +104,17 @@ def _child_towards(module: str, scope: str) -> str:
 
 
 def _is_product(record: OpRecord) -> bool:
-    return record.op in CONTRACTING_OPS or record.op in _TORCH_PRODUCTS
+    return is_product(record.op)
 
 
 def _is_fused(record: OpRecord) -> bool:
-    return record.op in ATTENTION_OPS or record.op in TORCH_ATTENTION_OPS
+    return is_fused(record.op)
 
 
 def _common(first: str, second: str) -> str:
     """The innermost module enclosing both scopes."""
-    ancestors = set(_ancestors(first))
-    return next(a for a in _ancestors(second) if a in ancestors)
+    enclosing = set(ancestors(first))
+    return next(a for a in ancestors(second) if a in enclosing)
 
 
 def core_scopes(records: Sequence[OpRecord]) -> dict[str, None]:
@@ -212,11 +221,11 @@ def find_structure(
     param_scopes = [r.scope for r in records if _is_product(r) and r.origin == "param"]
     beneath: dict[str, list[str]] = {}  # module -> the parameter products' scopes within it (repeats kept)
     for p in param_scopes:
-        for a in _ancestors(p):
+        for a in ancestors(p):
             beneath.setdefault(a, []).append(p)
     layer_of: dict[str, str | None] = {}
     for scope in cores:
-        elements = [a for a in _ancestors(scope) if a and _parent(a) in boxes]  # innermost first
+        elements = [a for a in ancestors(scope) if a and _parent(a) in boxes]  # innermost first
         chosen: str | None = None
         for element in elements:
             child = child_of(element, scope)
@@ -230,7 +239,7 @@ def find_structure(
         # no stack of layers: the innermost module with an FFN beside its attention, else the model
         for scope in cores:
             layer_of[scope] = next(
-                (a for a in _ancestors(scope) if (child := child_of(a, scope)) != a
+                (a for a in ancestors(scope) if (child := child_of(a, scope)) != a
                  and any(not _within(p, child) for p in beneath.get(a, ()))),
                 "",
             )
@@ -286,10 +295,10 @@ def find_structure(
 def explicit_roles(roles: Mapping[str, Iterable[str]], names: Sequence[str]) -> dict[str, str]:
     """Roles from the user's globs. Every glob must match at least one module."""
     if not isinstance(roles, Mapping):
-        raise RoleError(f"roles must be a dict such as {{'attention': [...], 'ffn': [...]}}, got {roles!r}")
+        raise ProfileError(f"roles must be a dict such as {{'attention': [...], 'ffn': [...]}}, got {roles!r}")
     unknown = sorted(set(roles) - set(ROLE_NAMES))
     if unknown:
-        raise RoleError(f"unknown role {unknown[0]!r} in roles=; valid roles: {', '.join(ROLE_NAMES)}")
+        raise ProfileError(f"unknown role {unknown[0]!r} in roles=; valid roles: {', '.join(ROLE_NAMES)}")
     assigned: dict[str, str] = {}
     for role in ROLE_NAMES:
         globs = roles.get(role, [])
@@ -297,11 +306,11 @@ def explicit_roles(roles: Mapping[str, Iterable[str]], names: Sequence[str]) -> 
             globs = [globs]
         for glob in globs:
             if not isinstance(glob, str):
-                raise RoleError(f"roles[{role!r}] must hold strings (module-name globs), got {glob!r}")
+                raise ProfileError(f"roles[{role!r}] must hold strings (module-name globs), got {glob!r}")
             matched = [name for name in names if fnmatch.fnmatchcase(name, glob)]
             if not matched:
                 shown = ", ".join(repr(n) for n in names if n)[:400] or "(none)"
-                raise RoleError(f"roles[{role!r}] glob {glob!r} matches no module; module names are: {shown}")
+                raise ProfileError(f"roles[{role!r}] glob {glob!r} matches no module; module names are: {shown}")
             for name in matched:
                 assigned.setdefault(name, role)
     return assigned
@@ -333,7 +342,7 @@ def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
     if not _is_fused(first) and len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,):
         # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd")
         queries, leading = first.out_shape[-2], math.prod(first.out_shape[:-2])
-    if first.op in ATTENTION_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
+    if first.op in SDPA_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
         keys = first.shapes[1][-2]
     elif len(first.out_shape) >= 2:
         keys = first.out_shape[-1]
@@ -358,7 +367,7 @@ def _half(record: OpRecord) -> int:
         return record.macs
     first, second = record.shapes[0], record.shapes[1]
     n = first[-2]
-    if record.op in ATTENTION_OPS:
+    if record.op in SDPA_OPS:
         self_attention = second[-2] == n
     else:  # QK^T: [n, d] @ [d, n]; AV and the backward products: [n, n] @ [n, d]
         self_attention = second[-1] == n or first[-1] == n
@@ -487,3 +496,26 @@ def _attention_root(scope: str, roles: Mapping[str, str]) -> str:
         if name == "":
             return found
         name = _parent(name)
+
+
+def structure_warnings(parts: Split, structure: Structure | None, records: Sequence[OpRecord], spec: ModelSpec | None,
+                       name: str) -> list[str]:
+    """What makes a split doubtful, each naming the module, the MACs and the cause."""
+    found = [UNPLACED_WARNING.format(module=module, macs=macs) for module, macs in parts.unplaced.items()]
+    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs) for module, macs in parts.unknown_masks.items()]
+    if structure is not None:
+        for layer in structure.inline:
+            if spec is None or spec.ffn_dim > 0:
+                macs = sum(r.macs for r in records if r.origin == "param" and _within(r.scope, layer))
+                found.append(INLINE_WARNING.format(module=layer or name, macs=macs))
+        if spec is not None and (spec.ffn_dim > 0 or spec.moe):
+            found += [NO_FFN_WARNING.format(module=layer or name, ffn_dim=spec.ffn_dim)
+                      for layer in structure.layers if layer not in structure.inline and layer not in structure.paired
+                      and not parts.layer_ffn.get(layer)]
+        if structure.bare:
+            macs = sum(r.macs for r in records if any(_within(r.scope, b) for b in structure.bare))
+            shown = ", ".join(structure.bare[:3]) + (", ..." if len(structure.bare) > 3 else "")
+            found.append(BARE_WARNING.format(modules=shown, count=len(structure.bare), macs=macs))
+    if parts.attention_modules and parts.attention_core == 0 and (spec is None or spec.heads):
+        found.append(NO_CORE_WARNING.format(modules=", ".join(parts.attention_modules[:3])))
+    return found

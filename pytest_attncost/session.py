@@ -20,14 +20,19 @@ import pytest
 from .markers import (
     NO_PROFILE,
     NO_SWEEP,
+    TIME_BOUNDS,
     Bounds,
     MarkerError,
     check_bounds,
     check_sweep,
+    check_time_bounds,
     merged_kwargs,
     parse_marker_kwargs,
 )
+from .baseline import BaselineError, compare, entry_key, load, save
+from . import plots
 from .reporting import Row, RowKey, SweepRow, append_once, render_json, render_markdown, render_terminal, row_key, write_atomic
+from .result import versions
 
 if TYPE_CHECKING:
     from .result import Profile
@@ -112,8 +117,6 @@ def current_bounds(item: pytest.Item) -> Bounds | None:
 
 def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str]]:
     """A :class:`Row` per profile the test made, and every problem its checks found."""
-    from .baseline import compare
-
     bounds = item.stash.get(BOUNDS_KEY, None)
     baseline = item.config.stash[BASELINE_KEY].compare
     allowed = bounds.max_increase if bounds is not None and bounds.max_increase is not None else settings.max_increase
@@ -191,8 +194,6 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
     if PROFILES_KEY in item.stash or bounds is not None:
         rows, problems = rows_for(item, item.config.stash[SETTINGS_KEY])
         if bounds is not None and body_passed:
-            from .timing import TIME_BOUNDS, check_time_bounds
-
             wanted = {key: getattr(bounds, key) for key in TIME_BOUNDS}
             timed = check_time_bounds(item.stash.get(TIMINGS_KEY, []), wanted)
             problems += timed
@@ -234,8 +235,6 @@ class Baselines:
 
 def load_baselines(config: pytest.Config, settings: Settings) -> Baselines:
     """Controller: read and validate once; workers get the compare entries through workerinput."""
-    from .baseline import BaselineError, entry_key, load
-
     if is_worker(config):
         shipped = config.workerinput.get("attncost_baseline")  # type: ignore[attr-defined]
         if shipped is None:
@@ -405,20 +404,16 @@ class AttncostSession:
 
     def _plot(self, sweeps: list[SweepRow], unit: str) -> None:
         """Draw every sweep; each row in *sweeps* (and the session's) is replaced by one that knows its plots."""
-        from .plots import plot_sweep, stem_for
-
         assert self.settings.plot_dir is not None
         self.settings.plot_dir.mkdir(exist_ok=True)
         where = {id(row): key for key, row in self.sweeps.items()}
         for index, row in enumerate(sweeps):
-            paths = plot_sweep(row.to_dict(), self.settings.plot_dir, stem_for(row.test_id, row.sweep.name), unit)
+            paths = plots.plot_sweep(row.to_dict(), self.settings.plot_dir, plots.stem_for(row.test_id, row.sweep.name), unit)
             sweeps[index] = row.replace(plots=tuple(str(path) for path in paths))
             if id(row) in where:  # the terminal summary, later, names the plots too
                 self.sweeps[where[id(row)]] = sweeps[index]
 
     def _save(self, session: pytest.Session, rows: list[Row]) -> None:
-        from .baseline import BaselineError, save
-
         keep: set[str] | None = None
         if self.settings.save_prune:
             blocker = self._prune_blocker(session)
@@ -459,8 +454,6 @@ class AttncostSession:
         baselines = self.config.stash[BASELINE_KEY]
         if baselines.compare is None:
             return
-        from .reporting import versions
-
         lines = []
         now = versions()
         drift = [f"{name} {old} -> {now.get(name, 'absent')}" for name, old in sorted((baselines.compare_versions or {}).items())

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .baseline import writable
+from .plots import require_matplotlib
 from .units import UNITS
 
 __all__ = ["BACKENDS", "Settings", "add_options"]
@@ -103,8 +105,6 @@ class Settings:
             where = plot_dir if plot_dir.exists() else plot_dir.parent
             if not os.access(where, os.W_OK | os.X_OK):
                 raise pytest.UsageError(f"--attncost-plot={plot_dir}: directory {where} is not writable")
-            from .plots import require_matplotlib
-
             try:
                 require_matplotlib()
             except ImportError as exc:
@@ -112,8 +112,6 @@ class Settings:
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
         if save_path is not None:
-            from .baseline import writable
-
             problem = writable(save_path)
             if problem is not None:
                 raise pytest.UsageError(f"--attncost-save={save_path}: {problem}")

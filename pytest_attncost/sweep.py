@@ -1,4 +1,4 @@
-"""Sweeps: one model profiled at several lengths, and the thresholds solved from the measurements.
+"""Series: one model counted (or timed) at several lengths, and the thresholds solved from them.
 
 A Transformer's counts are polynomials in n: the attention core ``α·n + β·n²``
 (β = 0 for linear attention), the projections ``π·n`` and the FFN ``φ·n``. Two
@@ -8,6 +8,9 @@ between grid points:
 
 * crossover (attention = FFN): ``(α + π) + β·n = φ``, so ``n = (φ - α - π) / β``;
 * quadratic crossover (the quadratic term = the linear terms): ``β·n = α + π + φ``.
+
+A decode step's core is ``β·(n + q)`` in the cache length (:class:`DecodeSweep`); measured time
+has no such form and is interpolated (:class:`TimingSweep`). All three are sequences ordered by n.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, overload
+from typing import Any, Generic, TypeVar, overload
 
 from . import formulas
-from .result import Profile
+from .result import Profile, Timing
 
-__all__ = ["Coefficients", "Sweep", "SweepError"]
+__all__ = ["Coefficients", "DecodeSweep", "Sweep", "SweepError", "TimingSweep"]
 
 
 class SweepError(ValueError):
@@ -65,14 +68,64 @@ def _linear_fit(points: Sequence[tuple[int, int]], what: str) -> tuple[Fraction,
     return c1, c2
 
 
-class Sweep(Sequence[Profile]):
+def _number(value: Fraction | float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _half_way(points: Sequence[tuple[int, float]]) -> float | None:
+    """Where a share first crosses 1/2, interpolated linearly between the two lengths around it; None if it
+    does not cross within the points."""
+    shifted = [(n, share - 0.5) for n, share in points]
+    for (n1, d1), (n2, d2) in zip(shifted, shifted[1:]):
+        if d1 < 0 <= d2:
+            return n1 + (n2 - n1) * (-d1) / (d2 - d1)
+    return None
+
+
+Item = TypeVar("Item", Profile, Timing)
+
+
+class Series(Sequence[Item], Generic[Item]):
+    """Records of one model at distinct lengths, ordered by n."""
+
+    def __init__(self, items: Sequence[Item]) -> None:
+        ordered = tuple(sorted(items, key=lambda item: item.n))
+        if len({item.n for item in ordered}) != len(ordered):
+            raise SweepError("a sweep needs distinct lengths")
+        self._items: tuple[Item, ...] = ordered
+
+    @overload
+    def __getitem__(self, index: int) -> Item: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Item]: ...
+
+    def __getitem__(self, index: int | slice) -> Item | Sequence[Item]:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self._items)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, n={self.lengths})"
+
+    @property
+    def name(self) -> str:
+        return self._items[0].name if self._items else ""
+
+    @property
+    def lengths(self) -> list[int]:
+        return [item.n for item in self._items]
+
+
+class Sweep(Series[Profile]):
     """Profiles of one model at several lengths (a sequence, ordered by n)."""
 
     def __init__(self, profiles: Sequence[Profile], *, one_run: bool = False) -> None:
-        ordered = sorted(profiles, key=lambda p: p.n)
-        if len({p.n for p in ordered}) != len(ordered):
-            raise SweepError("a sweep needs distinct lengths")
-        self._profiles = tuple(ordered)
+        super().__init__(profiles)
         self._one_run = one_run
 
     @property
@@ -80,45 +133,19 @@ class Sweep(Sequence[Profile]):
         """Whether every length was counted in one run (the torch backend's sweeps; see the README)."""
         return self._one_run
 
-    @overload
-    def __getitem__(self, index: int) -> Profile: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Profile]: ...
-
-    def __getitem__(self, index: int | slice) -> Profile | Sequence[Profile]:
-        return self._profiles[index]
-
-    def __len__(self) -> int:
-        return len(self._profiles)
-
-    def __iter__(self) -> Iterator[Profile]:
-        return iter(self._profiles)
-
-    def __repr__(self) -> str:
-        return f"Sweep({self.name!r}, n={self.lengths})"
-
-    @property
-    def name(self) -> str:
-        return self._profiles[0].name if self._profiles else ""
-
-    @property
-    def lengths(self) -> list[int]:
-        return [p.n for p in self._profiles]
-
     @property
     def spec(self) -> formulas.ModelSpec | None:
-        return self._profiles[0].spec if self._profiles else None
+        return self._items[0].spec if self._items else None
 
     def coefficients(self) -> Coefficients:
         """The exact per-n coefficients; needs two lengths or more, at one batch size."""
-        if len(self._profiles) < 2:
+        if len(self._items) < 2:
             raise SweepError(f"a crossover needs at least two lengths, this sweep has {self.lengths}")
-        if len({p.batch for p in self._profiles}) != 1:
+        if len({p.batch for p in self._items}) != 1:
             raise SweepError("a sweep's profiles must share one batch size")
-        alpha, beta = _linear_fit([(p.n, p.attention_core) for p in self._profiles], "attention_core")
-        pi0, pi2 = _linear_fit([(p.n, p.attention_proj) for p in self._profiles], "attention_proj")
-        phi0, phi2 = _linear_fit([(p.n, p.ffn) for p in self._profiles], "ffn")
+        alpha, beta = _linear_fit([(p.n, p.attention_core) for p in self._items], "attention_core")
+        pi0, pi2 = _linear_fit([(p.n, p.attention_proj) for p in self._items], "attention_proj")
+        phi0, phi2 = _linear_fit([(p.n, p.ffn) for p in self._items], "ffn")
         if pi2 != 0 or phi2 != 0:
             raise SweepError("attention_proj and ffn must be linear in n; they grow faster in this sweep")
         return Coefficients(alpha, beta, pi0, phi0)
@@ -141,9 +168,6 @@ class Sweep(Sequence[Profile]):
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: the profiles plus both crossovers, measured and from the formula."""
 
-        def number(value: Fraction | None) -> float | None:
-            return None if value is None else float(value)
-
         try:
             crossover, quadratic, error = self.crossover(), self.quadratic_crossover(), None
         except SweepError as exc:
@@ -151,11 +175,97 @@ class Sweep(Sequence[Profile]):
         return {
             "name": self.name,
             "lengths": self.lengths,
-            "crossover_n": number(crossover),
-            "quadratic_crossover_n": number(quadratic),
-            "formula_crossover_n": number(self.formula_crossover()),
-            "formula_quadratic_n": number(self.formula_quadratic_crossover()),
+            "crossover_n": _number(crossover),
+            "quadratic_crossover_n": _number(quadratic),
+            "formula_crossover_n": _number(self.formula_crossover()),
+            "formula_quadratic_n": _number(self.formula_quadratic_crossover()),
             "error": error,
-            "profiles": [p.to_dict() for p in self._profiles],
+            "profiles": [p.to_dict() for p in self._items],
         }
 
+
+class DecodeSweep(Series[Profile]):
+    """Decode steps of one model at several cache lengths, and the crossover solved from the counts.
+
+    A step's core is ``β·(n + q)`` in the cache length n (β = ``2·q·h·d·layers``) while its
+    projections and FFN do not depend on n, so two lengths fix β and the others must fit.
+    """
+
+    @property
+    def profiles(self) -> tuple[Profile, ...]:
+        return self._items
+
+    @property
+    def slope(self) -> Fraction | None:
+        """β: core MACs per cached token, when every step fits ``core = β·(n + q)`` (None otherwise:
+        a sliding window filled, or projections and FFN that change with n)."""
+        first, last = self.profiles[0], self.profiles[-1]
+        q = first.new_tokens or 1
+        beta = Fraction(last.attention_core - first.attention_core, last.n - first.n)
+        for p in self.profiles:
+            if (p.attention_core != beta * (p.n + q) or p.ffn != first.ffn
+                    or p.attention_proj != first.attention_proj):
+                return None
+        return beta
+
+    @property
+    def crossover_n(self) -> Fraction | None:
+        """The context (keys a new token attends to, itself included) where the measured core reaches
+        the measured FFN: ``ffn / β``; compare :func:`pytest_attncost.formulas.decode_crossover_n`."""
+        beta = self.slope
+        if beta is None or beta <= 0:
+            return None
+        return Fraction(self.profiles[0].ffn) / beta
+
+    @property
+    def formula_crossover_n(self) -> Fraction | None:
+        spec = self.profiles[0].spec
+        return None if spec is None else formulas.decode_crossover_n(spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        cross, formula = self.crossover_n, self.formula_crossover_n
+        return {"name": self.profiles[0].name, "lengths": self.lengths, "mode": "decode",
+                "new_tokens": self.profiles[0].new_tokens,
+                "crossover_n": None if cross is None else float(cross),
+                "formula_crossover_n": None if formula is None else float(formula),
+                "profiles": [p.to_dict() for p in self.profiles]}
+
+
+class TimingSweep(Series[Timing]):
+    """Timings of one model at several lengths (ordered by n), with the measured time crossover."""
+
+    def __init__(self, timings: Sequence[Timing], spec: formulas.ModelSpec | None = None) -> None:
+        super().__init__(timings)
+        self.spec = spec
+
+    def crossover(self) -> float | None:
+        """Where attention's *time* overtakes the FFN's: the attention time share crosses 1/2,
+        interpolated linearly between the two measured lengths around it (the first crossing);
+        None when it does not cross within the sweep."""
+        return _half_way([(t.n, t.attention_time_share) for t in self._items])
+
+    def formula_crossover(self) -> float | None:
+        """The formula's crossover for the spec (2hd for the article's shape)."""
+        return _number(formulas.crossover_n(self.spec)) if self.spec is not None else None
+
+    def mac_crossover(self) -> float | None:
+        """Where attention's MACs overtake the FFN's: solved exactly from the profiles (see
+        :meth:`Sweep.crossover`) when every timing has one, else interpolated like :meth:`crossover`."""
+        profiles = [t.profile for t in self._items]
+        if len(profiles) >= 2 and all(p is not None for p in profiles):
+            try:
+                return _number(Sweep(profiles).crossover())  # type: ignore[arg-type]
+            except SweepError:
+                pass  # not of the form a·n + b·n²: interpolate
+        return _half_way([(t.n, t.attention_mac_share) for t in self._items])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: every timing, the measured time crossover, and the formula's."""
+        return {
+            "name": self.name,
+            "lengths": self.lengths,
+            "time_crossover_n": self.crossover(),
+            "mac_crossover_n": self.mac_crossover(),
+            "formula_crossover_n": self.formula_crossover(),
+            "timings": [t.to_dict() for t in self._items],
+        }

@@ -1,4 +1,5 @@
-"""Parse counts such as ``"45 GMAC"`` or ``"90 GFLOP"`` into MACs; format MACs for people.
+"""Every parser and formatter: counts such as ``"45 GMAC"`` or ``"90 GFLOP"`` into MACs and back, sizes in
+bytes, lengths in tokens, seconds, and the one plain-text table formatter of the report and the CLI.
 
 Prefixes are decimal (SI): ``G`` is 10**9, as FLOP counts are quoted everywhere.
 One MAC is two FLOP, so a FLOP threshold may be a half-MAC; parsing returns an
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
-__all__ = ["UnitError", "format_bytes", "format_count", "format_tokens", "parse_bytes", "parse_count", "UNITS"]
+__all__ = ["UnitError", "format_bytes", "format_count", "format_seconds", "format_tokens", "parse_bytes", "parse_count",
+           "table", "UNITS"]
 
 PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 UNITS = ("mac", "flop")
@@ -152,3 +155,32 @@ def format_bytes(size: int) -> str:
             text = str(value.numerator) if value.denominator == 1 else f"{float(value):.3g}"
             return f"{text} {name}"
     return f"{size} B"
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.0123`` -> ``'12.3 ms'``."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def table(headers: Sequence[str], body: Sequence[Sequence[str]], *, right: Iterable[int] | None = None,
+          rule: bool = True) -> list[str]:
+    """Lines of a plain-text table: the one formatter of the report and the CLI.
+
+    Args:
+        headers: column titles.
+        body: rows of cells, already formatted.
+        right: indices of the right-aligned (numeric) columns; default: all but the first two and the last,
+            the report's layout (test and model on the left, verdict last).
+        rule: a line of dashes under the headers.
+    """
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+    numeric = set(range(2, len(headers) - 1) if right is None else right)
+
+    def line(cells: Sequence[str]) -> str:
+        out = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(out).rstrip()
+
+    return [line(headers), *([line(["-" * w for w in widths])] if rule else []), *(line(r) for r in body)]

@@ -161,8 +161,8 @@ def test_crosscheck_disagreement_fails_with_both_numbers(project):
         @pytest.fixture(autouse=True)
         def doubled_sdpa(monkeypatch):
             # a broken handle: fvcore now counts fused attention twice
-            original = counting.EXTRA_HANDLES["aten::scaled_dot_product_attention"]
-            monkeypatch.setitem(counting.EXTRA_HANDLES, "aten::scaled_dot_product_attention",
+            original = counting.jit.EXTRA_HANDLES["aten::scaled_dot_product_attention"]
+            monkeypatch.setitem(counting.jit.EXTRA_HANDLES, "aten::scaled_dot_product_attention",
                                 lambda i, o: 2 * original(i, o))
             clear_cache()
             yield

@@ -169,8 +169,8 @@ DOUBLED_CONFTEST = """
 
     @pytest.fixture(autouse=True)
     def doubled_sdpa(monkeypatch):
-        original = counting.EXTRA_HANDLES["aten::scaled_dot_product_attention"]
-        monkeypatch.setitem(counting.EXTRA_HANDLES, "aten::scaled_dot_product_attention",
+        original = counting.jit.EXTRA_HANDLES["aten::scaled_dot_product_attention"]
+        monkeypatch.setitem(counting.jit.EXTRA_HANDLES, "aten::scaled_dot_product_attention",
                             lambda i, o: 2 * original(i, o))
 """
 

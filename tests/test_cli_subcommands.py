@@ -50,15 +50,15 @@ def test_a_subcommand_after_formula_options_says_where_it_goes(capsys):
 
 
 def test_one_table_formatter():
-    # the report, the formula, decode, compare and profile tables and check_formula's all come from reporting.table
-    from pytest_attncost.result import Profile
+    # the report, the formula, decode, compare and profile tables and check_formula's all come from units.table
+    from pytest_attncost import result, units
 
-    for source in (inspect.getsource(cli), inspect.getsource(Profile.check_formula),
-                   inspect.getsource(reporting.render_terminal), inspect.getsource(reporting.module_table)):
+    for source in (inspect.getsource(cli), inspect.getsource(result.Profile.check_formula),
+                   inspect.getsource(reporting.render_terminal), inspect.getsource(result.module_table)):
         assert "rjust" not in source and "ljust" not in source and ":<" not in source and ":>" not in source
-    lines = reporting.table(["n", "cost"], [["1", "10"], ["100", "1,000"]], right=range(2), rule=False)
+    lines = units.table(["n", "cost"], [["1", "10"], ["100", "1,000"]], right=range(2), rule=False)
     assert lines == ["  n   cost", "  1     10", "100  1,000"]
-    assert reporting.table(["test", "model", "n", "verdict"], [["a", "b", "1", "ok"]])[1] == "----  -----  -  -------"
+    assert units.table(["test", "model", "n", "verdict"], [["a", "b", "1", "ok"]])[1] == "----  -----  -  -------"
 
 
 # --- compare ---------------------------------------------------------------------------------------

@@ -230,7 +230,7 @@ def test_model_is_untouched(monkeypatch):
     def explode(inputs, outputs):
         raise RuntimeError("forced failure")
 
-    monkeypatch.setitem(counting.EXTRA_HANDLES, "aten::scaled_dot_product_attention", explode)
+    monkeypatch.setitem(counting.jit.EXTRA_HANDLES, "aten::scaled_dot_product_attention", explode)
     pytest_attncost.api.clear_cache()  # the same call is cached: count it again
     with pytest.raises(ProfileError, match="forced failure"):
         profile(model, 64, fallback=False)

@@ -21,19 +21,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pytest_attncost.counting import (
-    MASK_CAUSAL,
-    MASK_NONE,
-    MASK_UNKNOWN,
-    SCRIPTED_MESSAGE,
-    CountError,
-    buffer_masks,
-    count_forward,
-    count_forward_torch,
-    meta_twin,
-    real_twin,
-    to_meta,
-)
+from pytest_attncost.counting import buffer_masks, count_forward, count_forward_torch, meta_twin, real_twin
+from pytest_attncost.counting.twin import SCRIPTED_MESSAGE
+from pytest_attncost.errors import CountError
+from pytest_attncost.inputs import to_meta
+from pytest_attncost.ops import MASK_CAUSAL, MASK_NONE, MASK_UNKNOWN
 
 VOCAB, BLOCK, D, H, LAYERS = 64, 32, 32, 2, 2
 BATCH, T = 2, 16

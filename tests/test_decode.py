@@ -282,7 +282,7 @@ def test_fixture_takes_the_markers_decode_mode(pytester):
 
 def test_decode_sweep_solves_the_crossover_from_the_counts(tmp_path):
     import pytest_attncost
-    from pytest_attncost.decode import plot_decode
+    from pytest_attncost.plots import plot_decode
 
     sweep = pytest_attncost.decode_sweep(gpt2_tiny, [64, 256, 1024])
     # ungated FFN of width 4D: the core meets it at 4D = 512 keys

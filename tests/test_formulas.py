@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_attncost import formulas
+from pytest_attncost.families import spec_from_config
 from pytest_attncost.formulas import ModelSpec
 
 BERT_BASE = ModelSpec(hidden=768, heads=12, head_dim=64, layers=12, ffn_dim=3072)
@@ -93,12 +94,12 @@ def test_spec_is_validated():
 
 def test_from_config_families():
     transformers = pytest.importorskip("transformers")
-    assert ModelSpec.from_config(transformers.BertConfig()) == BERT_BASE
-    gpt2 = ModelSpec.from_config(transformers.GPT2Config())
+    assert spec_from_config(transformers.BertConfig()) == BERT_BASE
+    gpt2 = spec_from_config(transformers.GPT2Config())
     assert (gpt2.hidden, gpt2.heads, gpt2.ffn_dim, gpt2.layers) == (768, 12, 3072, 12)
-    llama = ModelSpec.from_config(transformers.LlamaConfig(num_key_value_heads=8))
+    llama = spec_from_config(transformers.LlamaConfig(num_key_value_heads=8))
     assert llama.gated and llama.kv_heads == 8 and llama.ffn_dim == 11008
-    t5 = ModelSpec.from_config(transformers.T5Config(d_model=512, d_kv=32, num_heads=8, d_ff=2048, num_layers=6))
+    t5 = spec_from_config(transformers.T5Config(d_model=512, d_kv=32, num_heads=8, d_ff=2048, num_layers=6))
     assert (t5.hidden, t5.head_dim, t5.heads, t5.ffn_dim, t5.layers, t5.gated) == (512, 32, 8, 2048, 6, False)
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import tiny_models as tm
-from pytest_attncost import ProfileError, api, cli, profile
+from pytest_attncost import ProfileError, api, cli, inputs, profile
 
 
 def test_roles_as_a_list_names_the_form() -> None:
@@ -20,7 +20,7 @@ def test_roles_as_a_list_names_the_form() -> None:
 def test_lengths_torch_cannot_describe(n: int, batch: int | None) -> None:
     with pytest.raises(ProfileError) as info:
         profile(tm.bert_like, n, batch=batch)
-    assert str(info.value) == api.TOO_LARGE.format(n=n, batch=batch or 1)
+    assert str(info.value) == inputs.TOO_LARGE.format(n=n, batch=batch or 1)
 
 
 def test_cli_refuses_absurd_sizes_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import tiny_models as tm
-from pytest_attncost import clear_cache, lengths, profile
+from pytest_attncost import clear_cache, one_run, profile
 from pytest_attncost.api import sweep
 from test_counting import expected
 
@@ -23,7 +23,7 @@ D, H, F = tm.HIDDEN, tm.HEADS, tm.FFN
 
 def test_arithmetic_is_done_length_by_length():
     values = [8, 12, 40]
-    n = lengths.length_of(values)
+    n = one_run.length_of(values)
     cases = [
         (n * 3 + 1, [25, 37, 121]),
         (n // 5, [1, 2, 8]),
@@ -38,19 +38,19 @@ def test_arithmetic_is_done_length_by_length():
         (round(n / 16), [0, 1, 2]),  # Python's rounding: half to even
     ]
     for value, want in cases:
-        assert lengths.spread(value, 3) == want
-    assert lengths.spread((1, n, (n * 2, 5)), 3) == [(1, 8, (16, 5)), (1, 12, (24, 5)), (1, 40, (80, 5))]
+        assert one_run.spread(value, 3) == want
+    assert one_run.spread((1, n, (n * 2, 5)), 3) == [(1, 8, (16, 5)), (1, 12, (24, 5)), (1, 40, (80, 5))]
 
 
 def test_a_decision_must_be_the_same_at_every_length():
-    n = lengths.length_of([8, 40])
+    n = one_run.length_of([8, 40])
     assert bool(n > 4) and int(n - n + 3) == 3 and (n * 0 + 2) == 2  # the same answer everywhere: taken
     for decide in (lambda: bool(n > 10), lambda: int(n), lambda: range(n), lambda: n == 8 or 0):
-        with pytest.raises(lengths.Diverged):
+        with pytest.raises(one_run.Diverged):
             decide()
     # not an Exception: a model's `except Exception:` cannot swallow it and carry on down one branch
-    assert not issubclass(lengths.Diverged, Exception)
-    with pytest.raises(lengths.Diverged, match="cannot answer 'some_method'"):
+    assert not issubclass(one_run.Diverged, Exception)
+    with pytest.raises(one_run.Diverged, match="cannot answer 'some_method'"):
         n.node.some_method  # a part of torch's protocol the node lacks fails the run, not just the call
 
 
@@ -58,21 +58,21 @@ def test_one_run_leaves_torch_as_it_was_and_catches_a_swallowed_decision():
     from torch._subclasses import fake_impls
 
     before = dict(fake_impls.op_implementations_dict)
-    with lengths.one_run():
+    with one_run.enabled():
         assert fake_impls.op_implementations_dict != before  # views go to the meta kernel during the run
     assert fake_impls.op_implementations_dict == before
-    with pytest.raises(lengths.Diverged):
-        with lengths.one_run():
-            bool(lengths.length_of([1, 2]) > 1)
+    with pytest.raises(one_run.Diverged):
+        with one_run.enabled():
+            bool(one_run.length_of([1, 2]) > 1)
     assert fake_impls.op_implementations_dict == before
-    with pytest.raises(lengths.Diverged):  # swallowed on the way, still refused
-        with lengths.one_run():
+    with pytest.raises(one_run.Diverged):  # swallowed on the way, still refused
+        with one_run.enabled():
             try:
-                bool(lengths.length_of([1, 2]) > 1)
+                bool(one_run.length_of([1, 2]) > 1)
             except BaseException:  # noqa: BLE001 - what a careless model might do
                 pass
-    with lengths.one_run():  # the next run starts clean
-        assert bool(lengths.length_of([1, 2]) > 0)
+    with one_run.enabled():  # the next run starts clean
+        assert bool(one_run.length_of([1, 2]) > 0)
 
 
 # --- sweeps -----------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_one_input_passed_three_times_stays_one_tensor():
 
     mha = nn.MultiheadAttention(D, H, batch_first=True)
     ns = [16, 40]
-    swept = at_lengths(count_forward_torch(meta_twin(mha), *api.default_inputs(mha, lengths.length_of(ns), 1)), 2)
+    swept = at_lengths(count_forward_torch(meta_twin(mha), *api.default_inputs(mha, one_run.length_of(ns), 1)), 2)
     for raw, n in zip(swept, ns):
         alone = count_forward_torch(meta_twin(mha), *api.default_inputs(mha, n, 1))
         assert raw.records == alone.records
@@ -277,7 +277,7 @@ def test_one_input_passed_three_times_stays_one_tensor():
 
 
 def test_only_torch_and_transformers_code_skips_the_check_against_one_length():
-    from pytest_attncost.api import _library_code
+    from pytest_attncost.pipeline import _library_code
 
     assert _library_code(tm.torch_encoder()) and _library_code(tm.llama_like())
     assert not _library_code(TypeBranch()) and not _library_code(tm.HandWritten())
@@ -290,16 +290,16 @@ def test_only_torch_and_transformers_code_skips_the_check_against_one_length():
 
 
 def test_the_memo_keeps_only_what_follows_from_sizes():
-    from pytest_attncost.lengths import _functional
+    from pytest_attncost.one_run import _functional
 
     aten = torch.ops.aten
     assert _functional(aten.addmm.default) and _functional(aten.native_layer_norm.default)
     for op in (aten.view.default, aten.t.default, aten.add_.Tensor, aten.nonzero.default, aten.add.out):
         assert not _functional(op), op  # views, writes, sizes read from values
     # an int tensor plus 1 stays int, plus 1.0 or True does not: equal Python values, different keys
-    memo, ids = lengths.OpMemo(), torch.zeros(2, 3, dtype=torch.long, device="meta")
+    memo, ids = one_run.OpMemo(), torch.zeros(2, 3, dtype=torch.long, device="meta")
     keys = {memo.key(aten.add.Tensor, (ids, other), {}) for other in (1, 1.0, True)}
-    n = lengths.length_of([3, 5])
+    n = one_run.length_of([3, 5])
     keys |= {memo.key(aten.mul.Tensor, (ids, size), {}) for size in (n, n * 1.0)}
     assert len(keys) == 5 and None not in keys
 

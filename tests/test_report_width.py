@@ -68,7 +68,7 @@ def test_module_table_of_bert_base_at_depth_2() -> None:
     from transformers import BertConfig, BertModel
 
     from pytest_attncost import profile
-    from pytest_attncost.reporting import module_rows
+    from pytest_attncost.result import module_rows
 
     n, hd = 512, 768
     p = profile(lambda: BertModel(BertConfig()), n)

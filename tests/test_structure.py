@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pytest_attncost import ModelSpec, ProfileError, api, formulas, profile
+from pytest_attncost import ModelSpec, ProfileError, api, families, formulas, pipeline, profile, roles
 from pytest_attncost.families import spec_from_config
 
 D, H, FF, L = 64, 4, 128, 2
@@ -225,7 +225,7 @@ def test_unplaced_products_are_named() -> None:
     n = 16
     p = profile(Stack(OddBlock), inputs=(torch.zeros(1, n, D),))
     unplaced = [w for w in p.warnings if "could not be placed" in w]
-    assert unplaced == [api.UNPLACED_WARNING.format(module=f"layers.{i}", macs=lin(n, D, n)) for i in range(L)]
+    assert unplaced == [roles.UNPLACED_WARNING.format(module=f"layers.{i}", macs=lin(n, D, n)) for i in range(L)]
     assert p.ffn == L * (lin(n, D, FF) + lin(n, FF, D))  # the real FFN is still found
 
 
@@ -274,7 +274,7 @@ def test_swin_counts_with_a_note_instead_of_a_formula() -> None:
 def test_configs_that_differ_give_a_spec_or_a_reason() -> None:
     from transformers import BartConfig, BartModel, CLIPConfig, GPT2Config
 
-    bart, why = api.families.spec_of(BartModel(BartConfig(d_model=32, encoder_layers=1, decoder_layers=1,
+    bart, why = families.spec_of(BartModel(BartConfig(d_model=32, encoder_layers=1, decoder_layers=1,
                                                           encoder_attention_heads=2, decoder_attention_heads=2,
                                                           encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=64)))
     assert bart is None and "encoder-decoder" in why
@@ -466,7 +466,7 @@ def test_no_note_claims_an_experts_switch_that_did_not_happen() -> None:
     model = JetMoeModel(JetMoeConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, kv_channels=16))
     p = profile(model, 8)
-    assert api.REAL_NOTE in p.notes
+    assert pipeline.REAL_NOTE in p.notes
     assert not any(note.startswith(EXPERTS_NOTE.split("{")[0]) for note in p.notes)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Diverged", "at", "length_of", "one_run", "spread", "swept"]
+__all__ = ["Diverged", "OpMemo", "at", "enabled", "length_of", "spread", "swept"]
 
 
 class Diverged(BaseException):
@@ -412,7 +412,7 @@ def at(value: Any, index: int) -> Any:
 
 
 @contextlib.contextmanager
-def one_run() -> Iterator[None]:
+def enabled() -> Iterator[None]:
     """Run a model on inputs of swept lengths: raises Diverged if any decision differed between them."""
     from torch._dispatch.python import enable_python_dispatcher
 

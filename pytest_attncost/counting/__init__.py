@@ -1,0 +1,168 @@
+"""The counters, and the one interface over them: :func:`count` and its fallback chain.
+
+Two backends count a forward pass on a twin of the model (:mod:`.twin`): fvcore's jit trace
+(:mod:`.jit`, the default) and torch's ``FlopCounterMode`` at the dispatcher on fake tensors
+(:mod:`.dispatch`). Both keep a record of every op (:class:`~pytest_attncost.ops.OpRecord`), label
+attention products with the masks applied to them (:mod:`.masks`) and count repeated layers once
+(:mod:`.repeats`). When fvcore cannot trace a model, :func:`count` falls back to the torch backend
+on fake tensors, then on real ones at small n; when fvcore sees custom autograd Functions as opaque
+ops, the torch backend looks inside them. Each step says what it did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..errors import CountError
+from ..families import prepare_twin
+from ..inputs import to_real
+from ..ops import RawCount, is_fused, is_product
+from .dispatch import at_lengths, count_forward_torch, module_totals
+from .jit import count_forward
+from .masks import buffer_masks
+from .repeats import full_trace
+from .twin import meta_twin, real_twin, unwrap
+
+__all__ = ["Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward", "count_forward_torch",
+           "fresh_count", "full_trace", "meta_twin", "module_totals", "real_twin", "unwrap"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to count: part of the cache key."""
+
+    backend: str = "fvcore"
+    mode: str = "forward"
+    causal: str = "full"
+    fallback: bool = True
+    new_tokens: int = 0  # decode mode: the step's query tokens
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A count and how it was made.
+
+    Attributes:
+        raw: the records and totals.
+        backend: the counter that made it.
+        fallback: why the torch backend stood in for fvcore (None when it did not).
+        unchecked: a warning: custom autograd Functions fvcore saw as opaque could not be looked into.
+        real: counted on real tensors (the last resort): it holds for these inputs' values only.
+    """
+
+    raw: RawCount
+    backend: str
+    fallback: str | None = None
+    unchecked: str | None = None
+    real: bool = False
+
+
+#: Lengths up to which the fallback may run real tensors (weights and activations in memory).
+REAL_TENSOR_MAX_N = 4096
+
+OPAQUE = ("fvcore sees {ops} (custom torch.autograd.Function) as one opaque op each: the products inside them "
+          "({hidden:,} MAC by the torch backend's count) are invisible to it")
+OPAQUE_FIX = "\nFix: count with backend='torch' (its counter sees inside at the dispatcher), or leave fallback on"
+OPAQUE_UNCHECKED = ("{ops}: custom torch.autograd.Function(s) fvcore sees as one opaque op each, and the torch backend "
+                    "could not look inside ({why}); products inside them, if any, are not counted")
+
+
+def fresh_count(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                masks: Mapping[str, Any] | None) -> RawCount:
+    """A second opinion on *target*: the torch backend on a twin of its own (raises CountError)."""
+    twin = meta_twin(target)
+    prepare_twin(twin)
+    return count_forward_torch(twin, args, kwargs, buffer_masks=masks)
+
+
+def count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+          options: Options, masks: Mapping[str, Any] | None,
+          real_call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None], n: int | None) -> Counted:
+    """Count *twin* (of *target*) on the inputs *call* gives (fresh ones each time: a decode step appends
+    to its cache), with the options' backend, falling back as :mod:`.counting` says.
+
+    *real_call* gives the user's own inputs with their values (None for default inputs): the last
+    resort runs on those, so data-dependent branches take the path they take.
+
+    Raises:
+        CountError: no counter could count the model; the message says why and what to do.
+    """
+    train = options.mode == "train"
+    backend = "torch" if train else options.backend  # a backward needs the dispatcher's counter
+    try:
+        if backend == "fvcore":
+            raw = count_forward(twin, *call(), buffer_masks=masks)
+        else:
+            raw = count_forward_torch(twin, *call(), train=train, buffer_masks=masks)
+    except CountError as exc:
+        if backend != "fvcore" or not options.fallback:
+            raise
+        raw, real = _fallback(target, call, real_call, n, exc, masks)
+        return Counted(raw, "torch", fallback=str(exc).splitlines()[0], real=real)
+    if backend == "fvcore" and raw.opaque:
+        return _look_inside(target, raw, call, masks, options)
+    return Counted(raw, backend)
+
+
+def _fallback(target: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+              real_call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None], n: int | None,
+              first: CountError, masks: Mapping[str, Any] | None) -> tuple[RawCount, bool]:
+    """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n.
+
+    Real tensors are the user's own inputs as given (so data-dependent branches take the path
+    those inputs take); default inputs become zero-filled tensors of their shapes.
+    """
+    args, kwargs = call()
+    try:
+        return fresh_count(target, args, kwargs, masks), False
+    except CountError as fake_error:
+        on_meta = any(t.is_meta for t in [*target.parameters(), *target.buffers()])
+        lengths = [d for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) for d in t.shape[1:2]]
+        too_long = (n or max(lengths, default=0)) > REAL_TENSOR_MAX_N
+        real_args = real_call()
+        user_meta = real_args is not None and any(
+            isinstance(t, torch.Tensor) and t.is_meta for t in pytree.tree_leaves(real_args))
+        if on_meta or too_long or user_meta:
+            why = ("the model lives on the meta device" if on_meta else f"n > {REAL_TENSOR_MAX_N}" if too_long
+                   else "the inputs are meta tensors")
+            fix = ("" if too_long or user_meta else
+                   f"\nFix: pass the model built on the CPU (not a factory, not on meta): the torch backend then runs "
+                   f"it on real tensors (n <= {REAL_TENSOR_MAX_N}), and the values it reads choose its branches.")
+            raise CountError(f"{first}\nThe torch backend could not count it either ({fake_error}); real tensors "
+                             f"were not tried: {why}.{fix}") from first
+        real_args = real_args if real_args is not None else (to_real(args), to_real(kwargs))
+        twin = real_twin(target)
+        prepare_twin(twin)
+        try:
+            return count_forward_torch(twin, real_args[0], real_args[1], fake=False, buffer_masks=masks), True
+        except CountError as real_error:
+            raise CountError(f"{first}\nThe fallback failed too: {real_error}") from first
+
+
+def _look_inside(target: nn.Module, raw: RawCount, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+                 masks: Mapping[str, Any] | None, options: Options) -> Counted:
+    """fvcore traced custom autograd Functions as opaque ops: the torch backend, which sees inside them,
+    tells whether they hide products. None hidden (Bloom's GELU, a masked softmax): fvcore's count stands.
+    Some hidden (YOSO's attention): the torch backend's count, as a fallback that says why; a warning where
+    the Functions could not be looked into."""
+    def products(count: RawCount) -> int:
+        return sum(r.macs for r in count.records if is_product(r.op) or is_fused(r.op))
+
+    ops = ", ".join(raw.opaque)
+    try:
+        seen = fresh_count(target, *call(), masks)
+    except CountError as exc:
+        return Counted(raw, "fvcore", unchecked=OPAQUE_UNCHECKED.format(ops=ops, why=str(exc).splitlines()[0]))
+    hidden = products(seen) - products(raw)
+    if hidden <= 0:
+        return Counted(raw, "fvcore")
+    reason = OPAQUE.format(ops=ops, hidden=hidden)
+    if not options.fallback:
+        raise CountError(f"{reason}{OPAQUE_FIX}")
+    return Counted(seen, "torch", fallback=reason)

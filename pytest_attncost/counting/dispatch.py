@@ -1,0 +1,524 @@
+"""The torch backend: torch's ``FlopCounterMode`` at the dispatcher, on fake tensors (no memory, no
+arithmetic), with a recorder that gives every op the scope, origin and mask label fvcore's records have.
+
+Backward products (``mode="train"``) take the scope, origin and mask of the forward op they
+differentiate; products torch has no formula for are listed as unsupported. A count for several
+lengths at once (:mod:`~pytest_attncost.one_run`) runs here too: sizes are then one-run SymInts and
+:func:`at_lengths` splits the records per length.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import functools
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from .. import one_run
+from ..errors import CountError
+from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
+from .masks import MASK_PASS, SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, sdpa_label
+from .repeats import SHORTCUT, NotRepeating, Repeats, Run, moved, rename
+from .twin import no_global_hooks, refuse_scripted, tensor_leaves
+
+__all__ = ["at_lengths", "count_forward_torch", "module_totals"]
+
+
+#: Products torch dispatches that have no formula here: seeing one means a count is short.
+#: Any other dispatched op whose name says it multiplies matrices is reported as well.
+_TORCH_MULTIPLYING = re.compile(
+    r"(^|_)(mm|bmm|addmm|baddbmm|addbmm|mv|addmv|dot|vdot|addr|matmul|einsum|linear|bilinear|trilinear|"
+    r"addmm_activation|conv(\dd|_tbc|_depthwise\dd|olution|_transpose\dd)(_\w+)?|\w*attention\w*|\w*_mm|"
+    r"\w*_mm_\w*|linear_\w*|\w*gemm\w*)$"
+)
+
+
+_NOT_MULTIPLYING = re.compile(r"(prepack|unpack|_backward_data$|^linear_backward$)")
+
+
+def _torch_op(packet: Any) -> str:
+    """``aten.mm`` -> ``aten::mm`` (the names fvcore's records use)."""
+    return str(packet).replace(".", "::", 1)
+
+
+def _multiplies(op: str) -> bool:
+    name = op.split("::", 1)[-1]
+    return not _NOT_MULTIPLYING.search(name) and bool(_TORCH_MULTIPLYING.search(name))
+
+
+# Formulas in FLOPs (2 per MAC), as torch's registry returns them; they take the op's arguments.
+def _from_table(op: str) -> Callable[..., int]:
+    """A formula for *op* from the op table's MACs of its operands' shapes."""
+    product = PRODUCTS[op]
+    assert product.macs is not None
+
+    def formula(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        a, b = (args[i].shape for i in product.operands)
+        return 2 * product.macs(a, b, out_val.shape if isinstance(out_val, torch.Tensor) else ())  # type: ignore[misc]
+
+    return formula
+
+
+def _sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return 2 * attention_macs(query.shape, key.shape, value.shape)
+
+
+def _sdpa_backward_flops(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_val: Any = None,
+                         **kwargs: Any) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return int(sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape))
+
+
+def _quantized_linear_flops(x: Any, packed: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    weight = packed.unpack()[0]  # [out, in]
+    return 2 * x.numel() * weight.shape[0]
+
+
+def _extra_formulas() -> dict[Any, Callable[..., int]]:
+    """What torch's registry lacks: sdpa kernels it does not know, and the products the op table has MACs for."""
+    table: dict[Any, Callable[..., int]] = {}
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable"):
+        for suffix, formula in (("", _sdpa_flops), ("_backward", _sdpa_backward_flops)):
+            packet = getattr(torch.ops.aten, name + suffix, None)
+            if packet is not None:
+                table[packet] = formula
+    for op in ("aten::_grouped_mm", "aten::mv", "aten::addmv", "aten::dot", "aten::vdot", "aten::addbmm", "aten::addr",
+               "aten::_int_mm", "aten::_weight_int8pack_mm"):
+        packet = getattr(torch.ops.aten, short(op), None)  # optional ops are looked up: _grouped_mm is torch >= 2.8
+        if packet is not None:
+            table[packet] = _from_table(op)
+    for name in ("linear_dynamic", "linear", "linear_relu", "linear_relu_dynamic", "linear_dynamic_fp16"):
+        packet = getattr(torch.ops.quantized, name, None)
+        if packet is not None:
+            table[packet] = _quantized_linear_flops
+    return table
+
+
+#: Products whose records the mask rule reads: those whose two matrix operands the op table knows.
+_MASKED_PRODUCTS = {op: product.operands for op, product in PRODUCTS.items() if product.macs is not None}
+
+
+def _named_args(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The op's arguments by their schema names (first overload)."""
+    try:
+        overload = getattr(packet, packet.overloads()[0])
+        names = [argument.name for argument in overload._schema.arguments]
+    except Exception:  # noqa: BLE001 - no schema: positional only
+        return dict(kwargs)
+    return {**dict(zip(names, args)), **kwargs}
+
+
+class _TorchRecorder:
+    """Scopes, origins, masks and records for :func:`count_forward_torch`.
+
+    Forward ops take the scope of the innermost module being called. Every backward op runs
+    under an autograd node created by a forward op: it takes that forward record's scope,
+    origin and mask (the weight gradient of a Linear is a product of that Linear's parameter;
+    the gradients of QK^T and AV are products of activations, under the same mask). Nodes
+    without a counted forward op take the innermost module whose call created them, found by
+    autograd sequence numbers. Nothing depends on set order or hash seeds.
+    """
+
+    def __init__(self, model: nn.Module, masks: Mapping[str, Pattern]) -> None:
+        from torch.utils.weak import WeakTensorKeyDictionary
+
+        from torch._C._autograd import _get_sequence_nr
+
+        self.sequence_nr = _get_sequence_nr
+        self.records: list[OpRecord] = []
+        self.unsupported: Counter[str] = Counter()
+        # Held for the recorder's lifetime: a forward that reassigns a buffer (I-BERT's QuantAct) frees
+        # the old tensor, and an activation could then reuse its id and pass for model state.
+        self.state = [*model.parameters(), *model.buffers()]
+        self.params = {id(p) for p in model.parameters()}
+        self.buffers = {id(b) for b in model.buffers()}
+        by_id = {id(b): name for name, b in model.named_buffers()}
+        self.buffer_patterns = {key: masks[name] for key, name in by_id.items() if name in masks}
+        self.calls: list[list[Any]] = []  # [first sequence nr, end sequence nr or None, name, parent call]
+        self.starts: list[int] = []
+        self.stack: list[int] = []
+        self.node_records: dict[int, int] = {}  # autograd sequence nr -> forward record index
+        self.backward_of: dict[int, int] = {}  # backward record index -> forward record index
+        self.patterns: Any = WeakTensorKeyDictionary()
+        self.flows: Any = WeakTensorKeyDictionary()  # scores -> (forward record indices, labels)
+        self.labels: dict[int, list[str]] = {}
+        # tensors made from a parameter by indexing or reshaping (experts picked per token)
+        self.derived: Any = WeakTensorKeyDictionary()
+        self.handles: list[Any] = []
+        self.repeats: Repeats | None = None
+        self.copies: list[tuple[Run, str, int, int]] = []  # (run, layer, first record, end) of each copy
+        for name, module in model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(self._enter(name)))
+            self.handles.append(module.register_forward_hook(self._leave, always_call=True))
+
+    def _enter(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            start = self.sequence_nr()
+            self.calls.append([start, None, name, self.stack[-1] if self.stack else -1])
+            self.starts.append(start)
+            self.stack.append(len(self.calls) - 1)
+
+        return hook
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.stack:
+            self.calls[self.stack.pop()][1] = self.sequence_nr()
+
+    def copy_layer(self, run: Run, name: str) -> Any:
+        """A repeated layer's call: the second layer's records, renamed, here; its output returned."""
+        second = run.names[1]
+        (start, before), (end, after) = run.calls[1][5:7]
+        first = len(self.records)
+        for index in range(start, end):
+            if index in self.labels:
+                self.labels[len(self.records)] = list(self.labels[index])
+            record = self.records[index]
+            self.records.append(dataclasses.replace(record, scope=rename(record.scope, second, name) or record.scope))
+        self.unsupported.update(after - before)
+        self.copies.append((run, name, first, len(self.records)))
+        return run.calls[1][2]
+
+    def check_copies(self, records: list[OpRecord]) -> None:
+        """The first two layers alike, and every copy equal to the second layer as it finally stands."""
+        assert self.repeats is not None
+        self.repeats.check()
+        for run in {id(run): run for run, *_ in self.copies}.values():
+            first, second = run.names[:2]
+            (start0, _), (end0, _) = run.calls[0][5:7]
+            (start1, _), (end1, _) = run.calls[1][5:7]
+            block = records[start1:end1]
+            if moved(records[start0:end0], first, second) != block:
+                raise NotRepeating
+        for run, name, start, end in self.copies:
+            (start1, _), (end1, _) = run.calls[1][5:7]
+            if records[start:end] != moved(records[start1:end1], run.names[1], name):
+                raise NotRepeating
+
+    def remove_hooks(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def scope(self) -> str:
+        return str(self.calls[self.stack[-1]][2]) if self.stack else ""
+
+    def scope_of_node(self, sequence_nr: int) -> str:
+        """The innermost module call whose forward created the node (calls nest in time)."""
+        index = bisect.bisect_right(self.starts, sequence_nr) - 1
+        while index >= 0:
+            start, end, name, parent = self.calls[index]
+            if start <= sequence_nr and (end is None or sequence_nr < end):
+                return str(name)
+            index = parent
+        return ""
+
+    def origin(self, tensors: list[torch.Tensor]) -> str:
+        found = set()
+        for tensor in tensors:
+            base = tensor._base if tensor._base is not None else tensor
+            if (id(tensor) in self.params or id(base) in self.params or isinstance(base, nn.Parameter)
+                    or tensor in self.derived or base in self.derived):
+                found.add("param")
+            elif id(tensor) in self.buffers or id(base) in self.buffers:
+                found.add("buffer")
+        return "param" if "param" in found else "buffer" if "buffer" in found else "activation"
+
+    def _abstract(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            pattern = self.patterns.get(value)
+            if pattern is None and id(value) in self.buffer_patterns:
+                pattern = self.buffer_patterns[id(value)]
+            return pattern
+        return value
+
+    def observe(self, packet: Any, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any], formula: Any) -> None:
+        op = _torch_op(packet)
+        node = torch._C._current_autograd_node()
+        if formula is None:
+            if _multiplies(op):
+                self.unsupported[op] += 1
+            if node is None:
+                self._track(op, out, args, kwargs)
+            return
+        flops = formula(*args, **kwargs, out_val=out)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        out_shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ()
+        shapes = tuple(tuple(t.shape) for t in tensors[:3])
+        index = len(self.records)
+        if node is not None:  # backward: the forward op that created this node decides
+            source = self.node_records.get(node._sequence_nr())
+            if source is not None:
+                scope, origin = self.records[source].scope, self.records[source].origin
+                self.backward_of[index] = source
+            else:
+                scope, origin = self.scope_of_node(node._sequence_nr()), self.origin(tensors)
+            self.records.append(OpRecord(op, scope, _macs(flops), origin, shapes, out_shape))
+            return
+        origin = "param" if op in PRODUCTS and PRODUCTS[op].packed else self.origin(tensors)
+        self.records.append(OpRecord(op, self.scope(), _macs(flops), origin, shapes, out_shape))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            # autograd created this op's node just before dispatching it: the latest sequence number
+            self.node_records.setdefault(self.sequence_nr() - 1, index)
+        if op in FUSED_ATTENTION_OPS:
+            named = _named_args(packet, args, kwargs)
+            mask = named.get("attn_mask", named.get("attn_bias"))
+            self.labels[index] = [sdpa_label(
+                named.get("is_causal", False), isinstance(mask, torch.Tensor),
+                self._abstract(mask) if isinstance(mask, torch.Tensor) else None,
+                isinstance(mask, torch.Tensor) and mask.dtype == torch.bool)]
+        elif origin == "activation" and op in _MASKED_PRODUCTS:
+            operands = [args[i] for i in _MASKED_PRODUCTS[op] if i < len(args)]
+            upstream = [self.flows[t] for t in operands if isinstance(t, torch.Tensor) and t in self.flows]
+            if upstream:  # AV (or Q (K^T V)): the scores' masks apply here too
+                self.labels[index] = [label for _, labels in upstream for label in labels]
+            elif isinstance(first, torch.Tensor):
+                self.flows[first] = ((index,), ())
+        self._track(op, out, args, kwargs)
+
+    def _track(self, op: str, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Follow mask patterns, attention scores and parameters through the forward ops."""
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        if not isinstance(first, torch.Tensor):
+            return
+        name = short(op)
+        if name in VIEW_OPS and self.origin([a for a in args if isinstance(a, torch.Tensor)][:1]) == "param":
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    self.derived[tensor] = True
+        flow_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a in self.flows]
+        if flow_positions:
+            indices, labels = self.flows[args[flow_positions[0]]]
+            if name in SCORE_MASKING and name != "masked_fill" or name == "masked_fill" and flow_positions[0] == 0:
+                label = masking_label(name, [self._abstract(a) for a in args], flow_positions[0])
+                for index in indices:
+                    self.labels.setdefault(index, []).append(label)
+                self.flows[first] = (indices, (*labels, label))
+            elif name in SCORE_PASS:
+                self.flows[first] = (indices, labels)
+            return
+        if name in MASK_PASS or name in ("slice", "tril", "triu", "eq", "ne", "where", "masked_fill", "logical_not",
+                                         "bitwise_not"):
+            pattern = mask_transfer(name, [self._abstract(a) for a in args])
+            if pattern is not None:
+                self.patterns[first] = pattern
+        elif name in ("ones", "zeros", "full", "scalar_tensor", "ones_like", "zeros_like", "full_like", "new_ones",
+                       "new_zeros"):
+            pattern = mask_transfer(name, [self._abstract(a) for a in args])
+            if pattern is not None:
+                self.patterns[first] = pattern
+
+    def finish(self) -> list[OpRecord]:
+        records = list(self.records)
+        for index, labels in self.labels.items():
+            records[index] = dataclasses.replace(records[index], mask=combine(labels))
+        for index, source in self.backward_of.items():
+            records[index] = dataclasses.replace(records[index], mask=records[source].mask)
+        return records
+
+
+def _macs(flops: Any) -> Any:
+    """FLOPs to MACs: an int, or a size of swept lengths (one value per length, see one_run.py)."""
+    return flops // 2 if isinstance(flops, torch.SymInt) else int(flops) // 2
+
+
+def _torch_counter(recorder: _TorchRecorder) -> Any:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class _Counter(FlopCounterMode):  # type: ignore[misc]
+        """FlopCounterMode that hands every executed op to the recorder (formula or not)."""
+
+        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+            recorder.observe(func_packet, out, args, kwargs, self.flop_registry.get(func_packet))
+            return out
+
+    counter = _Counter(display=False)
+    counter.flop_registry = {**counter.flop_registry, **_extra_formulas()}
+    return counter
+
+
+def count_forward_torch(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, train: bool = False, fake: bool = True,
+    buffer_masks: Mapping[str, Pattern] | None = None,
+) -> RawCount:
+    """Count with torch's ``FlopCounterMode`` at the dispatcher, on fake tensors (no memory, no arithmetic).
+
+    *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the
+    outputs), so backward products are counted as executed, each in the scope (and with the
+    origin and mask) of the forward op it differentiates. FLOPs are halved into MACs.
+    Products torch has no formula for are listed in ``unsupported_ops``.
+
+    Args:
+        buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`).
+
+    Raises:
+        CountError: the model could not run on fake tensors; the message carries the reason.
+    """
+    refuse_scripted(model)
+    if one_run.swept((args, kwargs)):  # one run for several lengths: meta tensors of swept sizes
+        if train:
+            raise CountError("train mode counts one length at a time")
+        with one_run.enabled():
+            return _count_torch(model, args, kwargs, train, fake, buffer_masks, shortcut=True)
+    return _count_torch(model, args, kwargs, train, fake, buffer_masks, shortcut=fake and not train)
+
+
+def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
+                 buffer_masks: Mapping[str, Pattern] | None, shortcut: bool) -> RawCount:
+    if SHORTCUT.get() and shortcut:
+        recorder = _TorchRecorder(model, buffer_masks or {})
+        repeats = Repeats(model, on_stub=recorder.copy_layer,
+                          snapshot=lambda: (len(recorder.records), Counter(recorder.unsupported)), masks=buffer_masks)
+        if repeats:
+            recorder.repeats = repeats
+            try:
+                return _run_torch(model, args, kwargs, train, fake, recorder)
+            except NotRepeating:
+                pass
+            finally:
+                repeats.undo()
+        else:
+            recorder.remove_hooks()
+    return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}))
+
+
+@functools.cache
+def _memo_mode() -> type:
+    """FakeTensorMode that hands back, for a functional op met again on the same sizes, new fake tensors of
+    the sizes it made the first time (see one_run.OpMemo): the one run's cost is in those sizes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class _MemoFakeTensorMode(FakeTensorMode):  # type: ignore[misc]
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.memo = one_run.OpMemo()
+
+        def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            key = self.memo.key(func, args, kwargs)
+            if key is not None:
+                found = self.memo.made.get(key)
+                if found is not None:
+                    many, outs = found
+                    with self:
+                        made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                                     for shape, stride, dtype, device in outs)
+                    return made if many else made[0]
+            out = super().dispatch(func, types, args, kwargs)
+            if key is not None:
+                self.memo.keep(key, out, pytree.tree_leaves((args, kwargs)))
+            return out
+
+    return _MemoFakeTensorMode
+
+
+def _fake(mode: Any, leaf: Any, made: dict[int, Any]) -> Any:
+    if not isinstance(leaf, torch.Tensor):
+        return leaf
+    if one_run.swept(leaf):  # sizes of swept lengths: a fake tensor made anew (from_tensor wants a ShapeEnv),
+        if id(leaf) not in made:  # once per tensor, as from_tensor does: MHA's (x, x, x) stays one tensor
+            with mode:
+                made[id(leaf)] = torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device=leaf.device,
+                                                     requires_grad=leaf.requires_grad)
+        return made[id(leaf)]
+    return mode.from_tensor(leaf)
+
+
+def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
+               recorder: _TorchRecorder) -> RawCount:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    counter = _torch_counter(recorder)
+    # Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer).
+    swept = fake and one_run.swept((args, kwargs))
+    mode: Any = (_memo_mode()(allow_non_fake_inputs=True) if swept else FakeTensorMode(allow_non_fake_inputs=True)
+                 if fake else contextlib.nullcontext())
+    if swept:
+        mode.cache_enabled = False  # its keys want sympy expressions; a swept length has values instead
+        # torch's C++ meta kernels compute with a swept length's values as with any size; fake tensors would
+        # otherwise take the Python decompositions made for sympy sizes (the same shapes, several times slower)
+        mode.cpp_meta_supports_symint = lambda func: True
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with no_global_hooks(), torch.random.fork_rng(devices=[]), mode:
+            if fake:
+                made: dict[int, Any] = {}
+                args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf, made), (args, kwargs))
+            with counter, torch.set_grad_enabled(train):
+                output = model(*args, **kwargs)
+                if train:
+                    leaves: list[torch.Tensor] = []
+                    tensor_leaves(output, leaves)
+                    grads = [t for t in leaves if t.requires_grad and t.is_floating_point()]
+                    if not grads:
+                        raise CountError("train mode needs an output that requires grad; none did")
+                    loss = torch.stack([t.sum() for t in grads]).sum()
+                    loss.backward()
+    except CountError:
+        if recorder.repeats is not None and recorder.repeats.stub_of():
+            raise NotRepeating from None
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue
+        if recorder.repeats is not None and recorder.repeats.stub_of():
+            raise NotRepeating from exc
+        reason = f"{type(exc).__name__}: {exc}".strip()[:600]
+        where = "on fake tensors" if fake else "on real tensors"
+        raise CountError(
+            f"torch's FlopCounterMode could not run {type(model).__name__} {where}: {reason}\n"
+            "Fix: avoid reading tensor values in forward() (.item(), bool(tensor), printing), or pass "
+            "inputs= that forward() accepts."
+        ) from exc
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        recorder.remove_hooks()
+    records = recorder.finish()
+    if recorder.repeats is not None:
+        recorder.check_copies(records)
+    classes = {name: type(module).__name__ for name, module in model.named_modules()}
+    copied = tuple(name for _, name, _, _ in recorder.copies)
+    if any(isinstance(r.macs, torch.SymInt) for r in records):  # several lengths: summed per length by at_lengths
+        return RawCount(total=0, records=records, unsupported_ops=recorder.unsupported, by_module={},
+                        module_names=classes, copied_layers=copied)
+    return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=recorder.unsupported,
+                    by_module=module_totals(records, list(classes)), module_names=classes, copied_layers=copied)
+
+
+def module_totals(records: list[OpRecord], names: list[str],
+                   enclosing: dict[str, list[str]] | None = None) -> dict[str, int]:
+    """Each module's MACs, its descendants' included. *enclosing* (scope -> the modules of *names*
+    enclosing it) is filled as scopes come and may be shared by counts of the same records' scopes."""
+    enclosing = {} if enclosing is None else enclosing
+    by_module = dict.fromkeys(names, 0)
+    for record in records:
+        found = enclosing.get(record.scope)
+        if found is None:
+            found = enclosing[record.scope] = [name for name in ancestors(record.scope) if name in by_module]
+        for name in found:
+            by_module[name] += record.macs
+    return by_module
+
+
+def at_lengths(raw: RawCount, k: int) -> list[RawCount]:
+    """A count made for k lengths at once (see one_run.py), as k counts, one per length."""
+    spread = one_run.spread
+    records: list[list[OpRecord]] = [[] for _ in range(k)]
+    new = object.__new__
+    for record in raw.records:
+        fields = vars(record)
+        for out, macs, shapes, out_shape in zip(records, spread(record.macs, k), spread(record.shapes, k),
+                                                spread(record.out_shape, k)):
+            copy = new(OpRecord)  # a frozen dataclass: its fields set directly, k times per record
+            vars(copy).update(fields, macs=macs, shapes=shapes, out_shape=out_shape)
+            out.append(copy)
+    names = list(raw.module_names)
+    enclosing: dict[str, list[str]] = {}  # each scope's enclosing modules, once for all lengths
+    return [dataclasses.replace(raw, total=sum(r.macs for r in mine), records=mine,
+                                by_module=module_totals(mine, names, enclosing)) for mine in records]

@@ -1,0 +1,515 @@
+"""The fvcore backend: ``FlopCountAnalysis`` traces the twin with ``torch.jit``, and a record is kept of
+every op it counts.
+
+fvcore's handles count the products it knows; this module adds what it lacks: handles for fused
+attention (fvcore logs ``aten::scaled_dot_product_attention`` as unsupported and counts 0) and a few
+more products (``baddbmm``, ``addbmm``, ``mv``, ...) from the op table, an exact einsum (fvcore's rounds
+to 4 significant digits), a record per op (module scope, MACs, shapes, whether an operand is a
+parameter), and a mask label on every attention product, read from the traced graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from numbers import Number
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..errors import CountError
+from ..ops import MASK_UNKNOWN, PRODUCTS, SDPA_OPS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, is_product, short
+from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, sdpa_label
+from .repeats import SHORTCUT, NotRepeating, Repeats, Run, block, moved, rename
+from .twin import drop_hooks, no_global_hooks, refuse_scripted, tensor_leaves
+
+__all__ = ["EXTRA_HANDLES", "count_forward"]
+
+
+def _shape(value: Any) -> list[int]:
+    """Static shape of a traced tensor value (the trace records complete types)."""
+    sizes = value.type().sizes()
+    return [int(s) for s in sizes]
+
+
+def _from_table(op: str) -> Callable[[list[Any], list[Any]], int]:
+    """A handle for *op* from the op table's MACs of its operands' shapes."""
+    product = PRODUCTS[op]
+    assert product.macs is not None
+
+    def handle(inputs: list[Any], outputs: list[Any]) -> int:
+        a, b = (_shape(inputs[i]) for i in product.operands)
+        return product.macs(a, b, _shape(outputs[0]))  # type: ignore[misc]
+
+    return handle
+
+
+def _sdpa_macs(inputs: list[Any], outputs: list[Any]) -> int:
+    q, k, v = (_shape(value) for value in inputs[:3])
+    return attention_macs(q, k, v)
+
+
+def _einsum_macs(inputs: list[Any], outputs: list[Any]) -> int:
+    """Exactly what torch runs: its own einsum on empty meta operands, under its FLOP counter.
+
+    fvcore's handle rounds to 4 significant digits (16,778,000 for 16,777,216).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    equation = inputs[0].toIValue()
+    listed = inputs[1].node()
+    if listed.kind() != "prim::ListConstruct" or not isinstance(equation, str):
+        raise CountError("einsum with operands the trace does not list; cannot count it")
+    operands = [torch.empty(_shape(v), device="meta") for v in listed.inputs()]
+    with no_global_hooks(), FlopCounterMode(display=False) as counter:
+        torch.einsum(equation, *operands)
+    return int(counter.get_total_flops()) // 2
+
+
+Handle = Callable[[list[Any], list[Any]], Any]
+
+
+#: What fvcore does not count itself (or counts inexactly: its einsum rounds), by op.
+EXTRA_HANDLES: dict[str, Handle] = {
+    **{op: _sdpa_macs for op in SDPA_OPS},
+    **{op: _from_table(op) for op in ("aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot")},
+    "aten::einsum": _einsum_macs,
+}
+
+
+class _TraceContext:
+    def __init__(self, buffer_masks: Mapping[str, Pattern] | None = None) -> None:
+        self.records: list[OpRecord] = []
+        self.n_user_inputs = 0
+        self.state_is_param: list[bool] = []
+        self.state_names: list[str] = []
+        self.buffer_masks: Mapping[str, Pattern] = buffer_masks or {}
+        self.masks = _GraphMasks(self)
+
+    def state_name(self, value: Any) -> str | None:
+        """The dotted name (relative to the user's model) of a graph input that is state."""
+        index = value.offset() - self.n_user_inputs
+        if 0 <= index < len(self.state_names):
+            name = self.state_names[index]
+            return name[len("model.") :] if name.startswith("model.") else name
+        return None
+
+    def origin_of(self, value: Any) -> str:
+        """Follow views back to a graph input: a parameter, a buffer, or an activation."""
+        for _ in range(64):
+            node = value.node()
+            kind = node.kind()
+            if kind == "prim::Param":
+                index = value.offset() - self.n_user_inputs
+                if 0 <= index < len(self.state_is_param):
+                    return "param" if self.state_is_param[index] else "buffer"
+                return "activation"
+            if short(kind) not in VIEW_OPS:
+                return "activation"
+            value = next(iter(node.inputs()))
+        return "activation"
+
+
+def _scope_of(node: Any) -> str:
+    """The harness names the model ``model``; report names relative to the user's model."""
+    name = node.scopeName().split("/")[-1]
+    if name == "model":
+        return ""
+    if name.startswith("model."):
+        return name[len("model.") :]
+    return name
+
+
+def _operands(op: str, inputs: list[Any]) -> list[Any]:
+    product = PRODUCTS.get(op)
+    if product is None:
+        return list(inputs[:3]) if op in SDPA_OPS else []
+    if op == "aten::einsum":
+        listed = inputs[1].node()
+        return list(listed.inputs()) if listed.kind() == "prim::ListConstruct" else []
+    return [inputs[i] for i in product.operands if i < len(inputs)]
+
+
+def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
+    def wrapped(inputs: list[Any], outputs: list[Any]) -> Any:
+        value = handle(inputs, outputs)
+        macs = sum(value.values()) if isinstance(value, Mapping) else value
+        if not isinstance(macs, Number):
+            raise CountError(f"the handle for {op} returned {value!r}, not a number")
+        operands = _operands(op, inputs)
+        origins = {ctx.origin_of(v) for v in operands if v.type().kind() == "TensorType"}
+        origin = "param" if "param" in origins else "buffer" if "buffer" in origins else "activation"
+        shapes = tuple(
+            tuple(_shape(v)) for v in operands if v.type().kind() == "TensorType" and v.isCompleteTensor()
+        )
+        out = outputs[0]
+        out_shape = tuple(_shape(out)) if out.type().kind() == "TensorType" and out.isCompleteTensor() else ()
+        count = int(round(float(macs)))  # type: ignore[arg-type]  # fvcore handles return int or float
+        mask = ""
+        if op in SDPA_OPS or (origin == "activation" and is_product(op)):
+            mask = ctx.masks.label(op, inputs, outputs, operands)
+        ctx.records.append(OpRecord(
+            op=op, scope=_scope_of(out.node()), macs=count, origin=origin, shapes=shapes, out_shape=out_shape,
+            mask=mask,
+        ))
+        return value
+
+    return wrapped
+
+
+def _is_tensor(value: Any) -> bool:
+    return value.type().kind() == "TensorType"
+
+
+def _argument_positions(op: str) -> dict[str, int]:
+    """Argument name -> position in the op's schema (first overload); {} if unknown."""
+    namespace, _, name = op.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        schema = getattr(packet, packet.overloads()[0])._schema
+    except Exception:  # noqa: BLE001 - an op torch does not know by that name
+        return {}
+    return {argument.name: i for i, argument in enumerate(schema.arguments)}
+
+
+class _GraphMasks:
+    """Evaluates mask patterns over the traced graph (jit Values), memoised per value."""
+
+    def __init__(self, ctx: _TraceContext) -> None:
+        self.ctx = ctx
+        self.memo: dict[Any, Any] = {}
+
+    def abstract(self, value: Any) -> Any:
+        """A constant, a Pattern, or None."""
+        node = value.node()
+        if node.kind() == "prim::Constant":
+            try:
+                return value.toIValue()
+            except Exception:  # noqa: BLE001 - a constant the binding cannot convert
+                return None
+        if not _is_tensor(value):
+            return None
+        return self.pattern(value)
+
+    def pattern(self, value: Any, depth: int = 0) -> Pattern | None:
+        key = value.debugName()
+        if key in self.memo:
+            return self.memo[key]  # type: ignore[no-any-return]
+        result: Pattern | None = None
+        node = value.node()
+        if node.kind() == "prim::Param":
+            name = self.ctx.state_name(value)
+            result = self.ctx.buffer_masks.get(name) if name is not None else None
+        elif depth < 32:
+            ins = []
+            for item in node.inputs():
+                if item.node().kind() == "prim::Constant" or not _is_tensor(item):
+                    ins.append(self.abstract(item))
+                else:
+                    ins.append(self.pattern(item, depth + 1))
+            result = mask_transfer(short(node.kind()), ins)
+        self.memo[key] = result
+        return result
+
+    def masking(self, node: Any, flow: int) -> str:
+        ins = [self.abstract(v) for v in node.inputs()]
+        return masking_label(short(node.kind()), ins, flow)
+
+    def after(self, value: Any, depth: int = 0) -> list[str]:
+        """Labels of the masks applied to scores *value* on their way forward (QK^T -> softmax)."""
+        labels: list[str] = []
+        if depth > 16:
+            return labels
+        for use in value.uses():
+            user = use.user
+            op = short(user.kind())
+            if op in SCORE_MASKING:
+                labels.append(self.masking(user, use.offset))
+            elif op not in SCORE_PASS or use.offset != 0 and op not in ("mul", "div"):
+                continue
+            labels += self.after(user.outputsAt(0), depth + 1)
+        return labels
+
+    def before(self, value: Any, depth: int = 0) -> tuple[list[str], bool]:
+        """Labels of the masks applied to an operand on its way back (AV <- softmax <- mask <- QK^T),
+        and whether it comes from scores (a product of two activations) at all."""
+        node = value.node()
+        kind = node.kind()
+        op = short(kind)
+        if depth > 16:
+            return [], False
+        if is_product(kind):
+            operands = [v for v in _operands(kind, list(node.inputs())) if _is_tensor(v)]
+            return [], bool(operands) and all(self.ctx.origin_of(v) == "activation" for v in operands)
+        if op in SCORE_MASKING:
+            inputs = list(node.inputs())
+            candidates = [0] if op == "masked_fill" else [0, 1] if op == "add" else [1, 2] if op == "where" else []
+            for flow in candidates:
+                if flow < len(inputs) and _is_tensor(inputs[flow]) and inputs[flow].node().kind() != "prim::Constant":
+                    labels, scores = self.before(inputs[flow], depth + 1)
+                    if scores:
+                        return [self.masking(node, flow), *labels], True
+            return [], False
+        if op in SCORE_PASS:
+            inputs = [v for v in node.inputs() if _is_tensor(v) and v.node().kind() != "prim::Constant"]
+            if not inputs:
+                return [], False
+            main = max(inputs, key=lambda v: len(_shape(v)) if v.isCompleteTensor() else 0)
+            return self.before(main, depth + 1)
+        return [], False
+
+    def label(self, op: str, inputs: list[Any], outputs: list[Any], operands: list[Any]) -> str:
+        if op in SDPA_OPS:
+            positions = _argument_positions(op)
+            causal_at = positions.get("is_causal", len(inputs))
+            mask_at = positions.get("attn_mask", positions.get("attn_bias", len(inputs)))
+            is_causal: Any = False
+            if causal_at < len(inputs):
+                flag = inputs[causal_at]
+                # a flag computed in the trace (not a constant) cannot be told
+                is_causal = self.abstract(flag) if flag.node().kind() == "prim::Constant" else MASK_UNKNOWN
+            mask_value = inputs[mask_at] if mask_at < len(inputs) else None
+            if mask_value is None or mask_value.node().kind() == "prim::Constant" or not _is_tensor(mask_value):
+                return sdpa_label(is_causal, False, None, None)
+            scalar = mask_value.type().scalarType()
+            return sdpa_label(is_causal, True, self.pattern(mask_value), scalar == "Bool")
+        labels: list[str] = []
+        from_scores = False  # an operand holds scores or probabilities: this is AV, not QK^T
+        for operand in operands:
+            found, scores = self.before(operand)
+            labels += found
+            from_scores = from_scores or scores
+        if not from_scores and outputs:
+            labels += self.after(outputs[0])
+        return combine(labels)
+
+
+class _Harness(nn.Module):
+    """Calls the twin with the user's args and kwargs; returns flat tensors the tracer accepts.
+
+    Every submodule's tensor outputs are returned as well, so that the tracer's
+    dead-code elimination keeps work whose result the model itself drops.
+    """
+
+    def __init__(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = model
+        leaves, self._spec = pytree.tree_flatten((args, kwargs))
+        self._leaves = leaves
+        self._positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        self._seen: list[torch.Tensor] = []
+        for module in model.modules():
+            module.register_forward_hook(self._keep)
+
+    def _keep(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        tensor_leaves(output, self._seen)
+
+    def trace_inputs(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self._leaves[i] for i in self._positions)
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        leaves = list(self._leaves)
+        for position, tensor in zip(self._positions, tensors):
+            leaves[position] = tensor
+        args, kwargs = pytree.tree_unflatten(leaves, self._spec)
+        self._seen = []
+        outputs: list[torch.Tensor] = []
+        tensor_leaves(self.model(*args, **kwargs), outputs)
+        return tuple(outputs + self._seen)
+
+
+@contextlib.contextmanager
+def _counting_environment() -> Iterator[None]:
+    """Plain kernels, no autograd, no RNG drift, no tracer noise; all restored afterwards."""
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    # The fused MultiheadAttention / TransformerEncoderLayer kernels hide whole attention
+    # blocks in one op; the plain path runs linear + sdpa, which the handles count exactly.
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def _flop_count_analysis() -> type:
+    with warnings.catch_warnings():
+        # fvcore scripts a function at import time, which torch 2.13 deprecates.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        from fvcore.nn import FlopCountAnalysis  # type: ignore[import-untyped]
+    return FlopCountAnalysis
+
+
+def count_forward(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+    buffer_masks: Mapping[str, Pattern] | None = None,
+) -> RawCount:
+    """Trace ``model(*args, **kwargs)`` with fvcore and return every op's record.
+
+    *model* must already be a twin (see :func:`meta_twin`): it is hooked and traced.
+    The user's global module hooks are set aside meanwhile (they must not fire).
+
+    Args:
+        buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`),
+            so that ``masked_fill(self.tril[:T, :T] == 0, -inf)`` is recognised as causal.
+
+    Raises:
+        CountError: the tracer could not run the model; the message carries its reason.
+    """
+    flop_count_analysis = _flop_count_analysis()
+    from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS  # type: ignore[import-untyped]
+
+    refuse_scripted(model)
+    with no_global_hooks():
+        return _count_forward(model, args, kwargs, flop_count_analysis, _DEFAULT_SUPPORTED_OPS, buffer_masks)
+
+
+def _all_meta(model: nn.Module, values: Any) -> bool:
+    """No values anywhere: nothing a layer does can depend on data."""
+    tensors = [*model.parameters(), *model.buffers(),
+               *(leaf for leaf in pytree.tree_leaves(values) if isinstance(leaf, torch.Tensor))]
+    return all(t.is_meta for t in tensors)
+
+
+def _count_forward(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], flop_count_analysis: Any,
+    default_ops: Mapping[str, Handle], buffer_masks: Mapping[str, Pattern] | None,
+) -> RawCount:
+    if SHORTCUT.get() and _all_meta(model, (args, kwargs)):
+        repeats = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
+        if repeats:
+            try:
+                return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, repeats)
+            except NotRepeating:
+                drop_hooks(model)  # the harness's (and, after a failed trace, fvcore's) hooks
+            finally:
+                repeats.undo()
+    return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, None)
+
+
+_MARKER = "<repeat>"  # where a copied layer was called, in graph order
+
+
+def _aliased_output(run: Run, name: str) -> Any:
+    # aten::alias leaves a node in the graph at this call, in this layer's scope: the marker
+    # where the copied records go (and a view, so origins and masks pass through it).
+    return pytree.tree_map(lambda leaf: torch.ops.aten.alias(leaf) if isinstance(leaf, torch.Tensor) else leaf,
+                           run.calls[1][2])
+
+
+def _trace(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], flop_count_analysis: Any,
+    default_ops: Mapping[str, Handle], buffer_masks: Mapping[str, Pattern] | None, repeats: Repeats | None,
+) -> RawCount:
+    harness = _Harness(model, args, kwargs)
+    ctx = _TraceContext(buffer_masks)
+    inputs = harness.trace_inputs()
+    ctx.n_user_inputs = len(inputs)
+    state = torch.jit._unique_state_dict(harness, keep_vars=True)  # the order the tracer uses
+    ctx.state_is_param = [isinstance(t, nn.Parameter) for t in state.values()]
+    ctx.state_names = list(state)
+
+    analysis = flop_count_analysis(harness, inputs)
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
+    handles = {**default_ops, **EXTRA_HANDLES}
+    analysis.set_op_handle(**{op: _recording(op, handle, ctx) for op, handle in handles.items()})
+    aliases: Counter[str] = Counter()
+    if repeats is not None:
+        def marker(inputs: list[Any], outputs: list[Any]) -> int:
+            scope = _scope_of(outputs[0].node())
+            if scope in repeats.stub_of():
+                ctx.records.append(OpRecord(_MARKER, scope, 0, "activation", ()))
+            else:
+                aliases["aten::alias"] += 1  # the model's own: unsupported, as fvcore reports it
+            return 0
+
+        analysis.set_op_handle(**{"aten::alias": marker})
+    with _counting_environment():
+        try:
+            total = analysis.total()
+        except CountError:
+            if repeats is not None and repeats.stub_of():
+                raise NotRepeating from None
+            raise
+        except Exception as exc:  # noqa: BLE001 - the tracer's reason is the user's best clue
+            if repeats is not None and repeats.stub_of():
+                raise NotRepeating from exc
+            reason = f"{type(exc).__name__}: {exc}".strip()
+            if len(reason) > 600:
+                reason = reason[:600] + " ..."
+            if "Storage size calculation overflowed" in reason:
+                raise CountError(
+                    f"the length is too large to trace {type(model).__name__}: {reason} (torch cannot "
+                    "describe a tensor of 2**63 bytes or more, even on the meta device)\n"
+                    "Fix: use a smaller n, or evaluate the formulas alone: pytest_attncost.model_costs(spec, n) "
+                    "or python -m pytest_attncost"
+                ) from exc
+            raise CountError(
+                f"fvcore could not trace {type(model).__name__} on the meta device: {reason}\n"
+                "Fix: make forward() traceable (no data-dependent Python control flow, no .item() or "
+                "printing of tensor values), or pass inputs= that forward() accepts."
+            ) from exc
+        unsupported = Counter({op: int(c) for op, c in analysis.unsupported_ops().items()})
+        by_module_raw = analysis.by_module()
+        if repeats is not None:
+            repeats.check()
+            for name in repeats.stub_of():
+                second = repeats.stub_of()[name].names[1]
+                unsupported.update(analysis.unsupported_ops(f"model.{second}"))
+    unsupported.update(aliases)
+    by_module: dict[str, int] = {}
+    for name, value in by_module_raw.items():
+        if name == "":
+            continue  # the harness; "model" below is the same total
+        key = "" if name == "model" else name[len("model.") :]
+        by_module[key] = int(value)
+    records = ctx.records
+    if repeats is not None and repeats.stub_of():
+        records, extra = _expand_markers(records, repeats, by_module)
+        total += extra
+    classes = {name: type(module).__name__ for name, module in model.named_modules()}
+    copied = tuple(repeats.stub_of()) if repeats is not None else ()
+    return RawCount(
+        total=int(total), records=records, unsupported_ops=unsupported, by_module=by_module, module_names=classes,
+        copied_layers=copied,
+    )
+
+
+def _expand_markers(records: list[OpRecord], repeats: Repeats, by_module: dict[str, int]) -> tuple[list[OpRecord], int]:
+    """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module.
+
+    Raises NotRepeating if the first two layers' records differ, or a copied layer left no marker.
+    """
+    stubs = repeats.stub_of()
+    blocks: dict[str, list[OpRecord]] = {}
+    for run in repeats.runs:
+        if run.replicated:
+            first, second = run.names[:2]
+            blocks[second] = block(records, second)
+            if moved(block(records, first), first, second) != blocks[second]:
+                raise NotRepeating
+    out: list[OpRecord] = []
+    placed: set[str] = set()
+    for record in records:
+        if record.op != _MARKER:
+            out.append(record)
+        elif record.scope not in placed:
+            placed.add(record.scope)
+            out += moved(blocks[stubs[record.scope].names[1]], stubs[record.scope].names[1], record.scope)
+    if placed != set(stubs):
+        raise NotRepeating
+    extra = 0
+    for name, run in stubs.items():
+        second = run.names[1]
+        for key in [k for k in by_module if rename(k, second, second) is not None]:
+            by_module[rename(key, second, name)] = by_module[key]  # type: ignore[index]
+        for key in ancestors(name.rpartition(".")[0]):
+            by_module[key] = by_module.get(key, 0) + by_module[second]
+        extra += by_module[second]
+    return out, extra

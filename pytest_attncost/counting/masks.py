@@ -1,0 +1,216 @@
+"""Is an attention core causal? The mask algebra both counters share.
+
+A mask is described by the set of (query i, key j) positions where it is non-zero / True:
+("all",), ("none",), ("lower", d): j - i <= d, ("upper", d): j - i >= d; plus the value it
+holds there when known (``fill``). Both counters evaluate the few ops that build masks (ones,
+full, tril, triu, == 0, ~, where, masked_fill, slices from 0, casts and views) over these
+patterns (:func:`mask_transfer`); whatever else builds a mask leaves it unknown. The label an
+attention product gets (:data:`~pytest_attncost.ops.MASK_CAUSAL`, ...) comes from the masks
+applied to its scores (:func:`masking_label`) or passed to fused attention (:func:`sdpa_label`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from numbers import Number
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..ops import MASK_CAUSAL, MASK_NONE, MASK_UNKNOWN
+
+__all__ = ["MASK_PASS", "Pattern", "SCORE_MASKING", "SCORE_PASS", "buffer_masks", "combine", "mask_transfer",
+           "masking_label", "sdpa_label"]
+
+Pattern = tuple[tuple[Any, ...], Any]  # (position set, fill value or None)
+
+
+_CAUSAL_MASKED = ("upper", 1)  # the positions a causal mask removes: j > i
+
+
+MASK_PASS = frozenset({
+    "view", "reshape", "_unsafe_view", "expand", "expand_as", "unsqueeze", "squeeze", "contiguous", "clone",
+    "to", "_to_copy", "type_as", "detach", "alias", "lift_fresh", "lift_fresh_copy", "float", "bool", "half",
+    "bfloat16", "view_as", "reshape_as",
+})
+
+
+#: Ops that carry attention scores or probabilities unchanged in form (from QK^T to AV).
+SCORE_PASS = frozenset({
+    "view", "reshape", "_unsafe_view", "expand", "expand_as", "unsqueeze", "squeeze", "contiguous", "clone",
+    "to", "_to_copy", "type_as", "detach", "alias", "mul", "div", "softmax", "_softmax", "_safe_softmax",
+    "dropout", "native_dropout", "feature_dropout", "float", "half", "bfloat16", "view_as", "reshape_as",
+})
+
+
+SCORE_MASKING = frozenset({"masked_fill", "add", "where"})
+
+
+def _complement(positions: tuple[Any, ...]) -> tuple[Any, ...]:
+    kind = positions[0]
+    if kind == "all":
+        return ("none",)
+    if kind == "none":
+        return ("all",)
+    if kind == "lower":
+        return ("upper", positions[1] + 1)
+    return ("lower", positions[1] - 1)
+
+
+def _constant_fill(value: Any) -> Any:
+    """A Python number, or the fill of an ("all",) pattern; None if neither."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, Number):
+        return value
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == ("all",):
+        return value[1]
+    return None
+
+
+def mask_transfer(op: str, ins: list[Any]) -> Pattern | None:
+    """The pattern of ``op(*ins)``, where each input is a Pattern, a constant, or None (unknown)."""
+    first = ins[0] if ins else None
+    if op in ("ones", "ones_like", "new_ones"):
+        return (("all",), 1)
+    if op in ("zeros", "zeros_like", "new_zeros"):
+        return (("all",), 0)
+    if op in ("full", "full_like", "new_full"):
+        fill = _constant_fill(ins[1]) if len(ins) > 1 else None
+        return None if fill is None else (("all",), fill)
+    if op == "scalar_tensor":
+        fill = _constant_fill(first)
+        return None if fill is None else (("all",), fill)
+    if not isinstance(first, tuple):
+        return None
+    positions, fill = first
+    if op in ("tril", "triu"):
+        diagonal = ins[1] if len(ins) > 1 and isinstance(ins[1], int) else 0
+        if positions != ("all",) or fill in (0, False, None):
+            return None
+        return (("lower" if op == "tril" else "upper", diagonal), fill)
+    if op == "eq":
+        other = _constant_fill(ins[1]) if len(ins) > 1 else None
+        if other in (0, False):
+            return (_complement(positions), True)
+        if other is not None and other == fill:
+            return (positions, True)
+        return None
+    if op in ("logical_not", "bitwise_not"):
+        return (_complement(positions), True)
+    if op == "slice":
+        # a crop [start:end] of the query or key axis keeps the triangle only from the origin
+        start = ins[2] if len(ins) > 2 else None
+        step = ins[4] if len(ins) > 4 else 1
+        return first if start in (None, 0) and step in (None, 1) else None
+    if op in ("ne",):
+        other = _constant_fill(ins[1]) if len(ins) > 1 else None
+        return (positions, True) if other in (0, False) else None
+    if op in MASK_PASS:
+        return first
+    if op == "where":  # where(C, a, b) with constant a, b: an additive mask built from C
+        a, b = (_constant_fill(v) for v in ins[1:3]) if len(ins) >= 3 else (None, None)
+        if a is None or b is None:
+            return None
+        if a == 0 and b != 0:
+            return (_complement(positions), b)
+        if b == 0 and a != 0:
+            return (positions, a)
+        return None
+    if op == "masked_fill":  # zeros(...).masked_fill(M, -inf): an additive mask built from M
+        if positions == ("all",) and fill == 0 and len(ins) > 2 and isinstance(ins[1], tuple):
+            value = _constant_fill(ins[2])
+            return (ins[1][0], value) if value not in (None, 0) else None
+        return None
+    return None
+
+
+def _label(masked: tuple[Any, ...] | None) -> str:
+    if masked is None:
+        return MASK_UNKNOWN
+    if masked == ("none",):
+        return MASK_NONE
+    return MASK_CAUSAL if masked == _CAUSAL_MASKED else MASK_UNKNOWN
+
+
+def masking_label(op: str, ins: list[Any], flow: int) -> str:
+    """The label a masking op puts on the scores at input position *flow*."""
+    if op == "masked_fill" and flow == 0 and len(ins) > 1:
+        mask = ins[1]
+        return _label(mask[0] if isinstance(mask, tuple) else None)
+    if op == "add":
+        mask = ins[1 - flow] if flow in (0, 1) and len(ins) > 1 else None
+        if isinstance(mask, Number):
+            return MASK_NONE  # a constant shift changes nothing
+        if not isinstance(mask, tuple):
+            return MASK_UNKNOWN
+        positions, fill = mask
+        if positions == ("none",) or fill == 0:
+            return MASK_NONE
+        return _label(positions) if isinstance(fill, (int, float)) and fill < 0 else MASK_UNKNOWN
+    if op == "where" and len(ins) >= 3 and flow in (1, 2):
+        cond = ins[0]
+        if not isinstance(cond, tuple):
+            return MASK_UNKNOWN
+        return _label(_complement(cond[0]) if flow == 1 else cond[0])
+    return MASK_UNKNOWN
+
+
+def sdpa_label(is_causal: Any, has_mask: bool, attn_mask: Any, mask_is_bool: bool | None) -> str:
+    """``is_causal=True`` or a causal ``attn_mask`` (bool: True = attend; float: added to the scores).
+
+    *attn_mask* is the mask's Pattern, None when its form is unknown; *has_mask* says whether
+    one is passed at all.
+    """
+    if not has_mask:
+        if is_causal is True:
+            return MASK_CAUSAL
+        return MASK_NONE if is_causal in (False, None) else MASK_UNKNOWN
+    if not isinstance(attn_mask, tuple):
+        return MASK_UNKNOWN
+    positions, fill = attn_mask
+    if mask_is_bool:
+        return _label(_complement(positions))
+    if positions == ("none",) or fill == 0:
+        return MASK_NONE
+    return _label(positions) if isinstance(fill, (int, float)) and fill < 0 else MASK_UNKNOWN
+
+
+def combine(labels: Iterator[str] | list[str] | set[str]) -> str:
+    found = {label for label in labels if label}
+    if not found:
+        return MASK_NONE
+    return MASK_CAUSAL if found == {MASK_CAUSAL} else MASK_UNKNOWN
+
+
+def buffer_masks(model: nn.Module) -> dict[str, Pattern]:
+    """Buffers of *model* (the original, with values) that hold a triangular mask, by dotted name.
+
+    A twin's buffers are empty meta tensors, so the form of a registered mask
+    (``register_buffer("tril", torch.tril(torch.ones(n, n)))``) is read here, from
+    the user's model, and handed to :func:`count_forward` / :func:`count_forward_torch`
+    as ``buffer_masks=``. Only square masks (leading dimensions of size 1) whose
+    non-zero entries form ``tril`` or ``triu(diagonal=1)`` are kept.
+    """
+    found: dict[str, Pattern] = {}
+    for name, buffer in model.named_buffers():
+        if buffer.is_meta or buffer.dim() < 2 or buffer.is_quantized or buffer.is_sparse:
+            continue
+        n = buffer.shape[-1]
+        if n < 2 or buffer.shape[-2] != n or math.prod(buffer.shape[:-2]) != 1 or n > 16384:
+            continue
+        square = buffer.detach().reshape(n, n)
+        nonzero = square != 0
+        ones = torch.ones(n, n, dtype=torch.bool, device=square.device)
+        if torch.equal(nonzero, torch.tril(ones)):
+            positions: tuple[Any, ...] = ("lower", 0)
+        elif torch.equal(nonzero, torch.triu(ones, diagonal=1)):
+            positions = ("upper", 1)
+        else:
+            continue
+        values = square[nonzero]
+        fill = values[0].item() if bool((values == values[0]).all()) else None
+        found[name] = (positions, fill)
+    return found

@@ -1,0 +1,309 @@
+"""What a forward pass takes, built once, and what n and batch it saw.
+
+:func:`build` makes the inputs of one count from what ``profile()`` was given: the family's default
+inputs for ``n`` on the meta device, or the user's own (a tuple, a dict, a tensor, or a callable
+``(n, batch)``), whose values are kept for the real-tensor fallback and for timing. A decode step's
+cache is copied afresh for every count (the forward appends to it). After the count,
+:func:`read_lengths` reads back the n and batch the inputs held (token ids, torch's
+``(batch, n, D)``) or, failing that, what the layers' attention saw.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from . import families
+from .errors import ProfileError
+from .formulas import ModelSpec
+from .roles import Split
+
+__all__ = ["Built", "build", "cache_bytes", "decode_lengths", "folded_sequences", "fresh", "read_lengths", "to_meta",
+           "to_real", "token_shape", "user_inputs"]
+
+#: batch x n past which torch cannot describe even the token ids (8 bytes each, under 2**63 bytes).
+LARGEST_TOKENS = 2**59
+TOO_LARGE = ("n={n}, batch={batch}: too large for torch to describe (a tensor of 2**63 bytes or more, even on the "
+             "meta device); use a smaller n, or evaluate the formulas alone: pytest_attncost.model_costs(spec, n) "
+             "or python -m pytest_attncost --n N")
+
+Inputs = Any  # a tuple of positional args, a dict of keyword args, a tensor, or a callable (n, batch) -> those
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Built:
+    """The inputs of one count.
+
+    Attributes:
+        args, kwargs: what the twin is called with (meta tensors).
+        given: the user's own inputs with their values, as given (None for default inputs).
+        decoding: a decode step: every count gets a fresh copy of the cache.
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    given: Call | None = None
+    decoding: bool = False
+
+    def call(self) -> Call:
+        """The inputs for one count (a decode step's cache copied afresh)."""
+        return fresh(self.args, self.kwargs) if self.decoding else (self.args, self.kwargs)
+
+    def real_call(self) -> Call | None:
+        """The user's inputs with their values for a count on real tensors (the user's cache left as it was)."""
+        if self.given is None or not self.decoding:
+            return self.given
+        return fresh(*self.given, meta=False)
+
+
+def build(target: nn.Module, n: int | None, batch: int, inputs: Inputs | None, decoding: bool = False,
+          new_tokens: int = 1) -> Built:
+    """The inputs of a count of *target* (see the module docstring).
+
+    Raises:
+        ProfileError: the inputs cannot be built or are not of a form profile() takes.
+    """
+    if decoding:
+        if inputs is None:
+            args, kwargs = families.decode_inputs(target, n, new_tokens, batch)  # type: ignore[arg-type]
+            return Built(args, kwargs, decoding=True)
+        given = user_inputs(inputs, n, batch)
+        args, kwargs = fresh(*given)  # the cache's tensors too, not only pytree leaves
+        return Built(args, kwargs, given, decoding=True)
+    if inputs is None:
+        return Built(*families.default_inputs(target, n, batch))
+    given = user_inputs(inputs, n, batch)
+    args, kwargs = to_meta(given)
+    return Built(args, kwargs, given)
+
+
+def to_real(value: Any) -> Any:
+    """Zero-filled CPU tensors of the same shapes and dtypes (meta tensors have no values to run on)."""
+    return pytree.tree_map(
+        lambda leaf: torch.zeros(leaf.shape, dtype=leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf, value
+    )
+
+
+def to_meta(value: Any) -> Any:
+    """Inputs as meta tensors of the same shape and dtype (nothing is computed on them)."""
+    return pytree.tree_map(
+        lambda leaf: torch.empty_like(leaf, device="meta") if isinstance(leaf, torch.Tensor) else leaf, value
+    )
+
+
+def user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if callable(inputs) and not isinstance(inputs, (nn.Module, torch.Tensor)):
+        if n is None:
+            raise ProfileError("inputs= is a callable (n, batch) -> ..., so n is needed: pass n= (or mark the test)")
+        try:
+            inputs = inputs(n, batch)
+        except Exception as exc:  # noqa: BLE001 - the callable is the user's code
+            raise ProfileError(f"inputs(n={n}, batch={batch}) raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    if isinstance(inputs, Mapping):
+        if not all(isinstance(k, str) for k in inputs):
+            raise ProfileError("an inputs= dict maps keyword-argument names (str) to values")
+        return (), dict(inputs)
+    raise ProfileError(f"inputs= got {type(inputs).__name__}; {families.INPUTS_HINT}")
+
+
+def read_lengths(target: nn.Module, built: Built, n: int | None, batch: int, batch_given: bool,
+                 spec: ModelSpec | None, parts: Split) -> tuple[int, int]:
+    """n and batch from the inputs: default inputs were built for n; the user's hold their own.
+
+    The token dimension of the main input decides where it can be told (token ids, torch's
+    Transformer modules); otherwise the queries the layers' attention saw (patch models).
+    Block-sparse, chunked or pooled attention may run its products on fewer rows: that is
+    not a different n.
+    """
+    args, kwargs = built.args, built.kwargs
+    shape = token_shape(target, args, kwargs)
+    tokens = None if shape is None else shape[1]
+    seen = _common_queries(parts)
+    if built.given is None and tokens is not None and n is not None:
+        return n, batch  # built for n
+    measured = tokens if tokens is not None else seen
+    if measured is None:
+        if n is None:
+            raise ProfileError("no attention ran, so n cannot be read from the inputs; pass n=")
+        measured = n
+    if measured == 0:
+        raise ProfileError("the attention ran on 0 tokens (inputs trimmed to nothing?); "
+                           "a profile of nothing cannot stand for the model: check the inputs")
+    if n is not None and measured != n:
+        raise ProfileError(
+            f"n={n} was asked for, but the attention saw {measured} tokens; "
+            "drop n= to use the inputs' length, or make the inputs match"
+        )
+    if seen == 0:
+        raise ProfileError(f"n={measured} was asked for, but the attention ran on 0 tokens "
+                           "(the model trims its inputs?); check the inputs")
+    if built.given is not None:
+        batch = _held_batch(target, args, kwargs, shape, spec, parts, batch, batch_given, measured)
+    return measured, batch
+
+
+def folded_sequences(target: nn.Module, built: Built, spec: ModelSpec | None, parts: Split, batch: int) -> int | None:
+    """The sequences the first attention ran, where they are a multiple of the batch (TimeSformer and other
+    video models fold frames into their attention's batch); None for token-id models and one sequence
+    per input."""
+    if spec is None or not spec.heads or not parts.lengths or token_shape(target, built.args, built.kwargs) is not None:
+        return None
+    leading = parts.lengths[0][2]
+    if leading % spec.heads:
+        return None
+    sequences = leading // spec.heads
+    return sequences if sequences != batch and sequences % batch == 0 else None
+
+
+def _held_batch(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], shape: tuple[int, int] | None,
+                spec: ModelSpec | None, parts: Split, batch: int, batch_given: bool, n: int | None = None) -> int:
+    """With the user's inputs the batch is what they hold: the main input's first dimension, else the
+    attention's leading dimensions [b, h, n, d] or [b*h, n, d] over the spec's heads, else the first
+    dimension of the float inputs ``(b, n, ...)`` whose second is the n the attention saw."""
+    held = shape[0] if shape is not None else None
+    if held is None:
+        held = main_batch(target, args, kwargs)
+    if held is None and spec is not None and parts.lengths and parts.lengths[0][2] % spec.heads == 0:
+        held = parts.lengths[0][2] // spec.heads
+    if held is None and n is not None:
+        firsts = {int(t.shape[0]) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+                  and t.is_floating_point() and t.dim() >= 3 and t.shape[1] == n}
+        if len(firsts) == 1 and (not parts.lengths or parts.lengths[0][2] % next(iter(firsts)) == 0):
+            held = firsts.pop()
+    if held is None:
+        return batch
+    if batch_given and held != batch:
+        raise ProfileError(f"batch={batch} was asked for, but the inputs hold a batch of {held}")
+    return held
+
+
+def decode_lengths(target: nn.Module, built: Built, n: int | None, batch: int, batch_given: bool,
+                   spec: ModelSpec | None, parts: Split, new_tokens: int) -> tuple[int, int]:
+    """A decode step's n and batch, after checking that the step ran ``new_tokens`` queries.
+
+    n is the cache's length, given (the inputs were built for it); the queries are the main
+    input's token dimension where it can be told, else the query length the layers' attention saw.
+    """
+    args, kwargs = built.args, built.kwargs
+    shape = token_shape(target, args, kwargs)
+    queries = shape[1] if shape is not None else _common_queries(parts)
+    if queries is not None and queries != new_tokens:
+        raise ProfileError(f"a decode step of new_tokens={new_tokens} was asked for, but the step ran "
+                           f"{queries} query tokens; make the inputs' new tokens match, or pass new_tokens={queries}")
+    if built.given is not None:
+        batch = _held_batch(target, args, kwargs, shape, spec, parts, batch, batch_given)
+    if n is None:  # pragma: no cover - profile() refuses a decode step without n
+        raise ProfileError("mode='decode' needs n=")
+    return n, batch
+
+
+def _common_queries(parts: Split) -> int | None:
+    """The query length most core groups of the layers saw (the first such on a tie)."""
+    if not parts.lengths:
+        return None
+    counts: dict[int, int] = {}
+    for queries, _, _ in parts.lengths:
+        counts[queries] = counts.get(queries, 0) + 1
+    return max(counts, key=lambda q: counts[q])
+
+
+def token_shape(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(batch, n)`` of the main input, where it can be told without running the model.
+
+    Token ids ``(batch, n)`` (the model's ``main_input_name``, or the first integer tensor),
+    or torch's Transformer modules' ``(batch, n, D)`` / ``(n, batch, D)``. None for images and
+    for float inputs of models whose layout is unknown.
+    """
+    main = kwargs.get(getattr(model, "main_input_name", "input_ids"))
+    candidates = [main] if isinstance(main, torch.Tensor) else []
+    candidates += [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    for tensor in candidates:
+        if tensor.dim() == 2 and not tensor.is_floating_point() and tensor.dtype != torch.bool:
+            return int(tensor.shape[0]), int(tensor.shape[1])
+    if isinstance(model, families.TORCH_KINDS) and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
+        first = args[0].shape
+        return (int(first[0]), int(first[1])) if families.batch_first(model) else (int(first[1]), int(first[0]))
+    return None
+
+
+def main_batch(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | None:
+    """The batch of a transformers model's main input (``pixel_values``, ``input_values``, ...): its
+    first dimension, whatever the model folds into its attention's batch (TimeSformer: frames)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        return None
+    name = getattr(model, "main_input_name", "input_ids")
+    main = kwargs.get(name)
+    if name not in kwargs and args and isinstance(args[0], torch.Tensor):
+        main = args[0]  # passed by position
+    return int(main.shape[0]) if isinstance(main, torch.Tensor) and main.dim() >= 2 else None
+
+
+def _tensors_in(value: Any, found: dict[int, torch.Tensor], depth: int = 0, seen: set[int] | None = None) -> None:
+    """Every tensor reachable from *value* through containers and object attributes (a cache's layers)."""
+    seen = set() if seen is None else seen
+    if depth > 8 or id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        found[id(value)] = value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _tensors_in(item, found, depth + 1, seen)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            _tensors_in(item, found, depth + 1, seen)
+    elif isinstance(value, nn.Module) or isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return
+    elif hasattr(value, "__dict__"):
+        for item in vars(value).values():
+            _tensors_in(item, found, depth + 1, seen)
+
+
+def fresh(args: tuple[Any, ...], kwargs: dict[str, Any], *, meta: bool = True) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A copy of the step's inputs whose caches have not run yet: tensors on the meta device (or cloned).
+
+    The forward appends to the cache, so a second count (the fallback, a cross-check) must
+    not see the first one's keys.
+    """
+    found: dict[int, torch.Tensor] = {}
+    _tensors_in((args, kwargs), found)
+    memo: dict[int, Any] = {}
+    for key, tensor in found.items():
+        memo[key] = torch.empty_like(tensor, device="meta") if meta else tensor.clone()
+    return copy.deepcopy((args, kwargs), memo)
+
+
+def cache_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes of every tensor held by a cache object among the inputs (not the inputs' own tensors).
+
+    Tensors passed directly (token ids, positions) are not the cache; tensors reached through
+    another object (a ``Cache``'s layers, a custom cache's attributes) or a ``past_key_values``
+    tuple are.
+    """
+    held: dict[int, torch.Tensor] = {}
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if isinstance(value, torch.Tensor):
+            continue
+        if isinstance(value, (list, tuple, Mapping)) and not (isinstance(key, str) and key in ("past_key_values", "cache")):
+            continue
+        layers = getattr(value, "layers", None)
+        if isinstance(layers, list) and layers and all(hasattr(layer, "keys") for layer in layers):
+            # a transformers Cache: its layers' keys and values (not the window-size scalars beside them)
+            for layer in layers:
+                _tensors_in([getattr(layer, "keys", None), getattr(layer, "values", None)], held)
+        else:
+            _tensors_in(value, held)
+    # a view is counted as the tensor it shows: a sliding layer keeps a window-sized slice of a longer tensor
+    return sum(t.numel() * t.element_size() for t in held.values() if t.dim() > 0)

@@ -1,0 +1,363 @@
+"""A model made a :class:`~pytest_attncost.result.Profile`, in four steps.
+
+1. **setup** (:meth:`Setup.of`): the twin, and what is read from the model before counting: mask
+   buffers, what modules say of causality, containers, experts, notes.
+2. **count** (:func:`pytest_attncost.counting.count`): the records, with the fallback chain.
+3. **place** (:func:`place`): the split into attention_core, attention_proj, ffn and other, with the
+   spec corrected by what the structure shows.
+4. **assemble** (:func:`assemble`): n and batch read back from the inputs, the formulas, the warnings.
+
+Errors raised from step 1 on carry the model's name (:func:`~pytest_attncost.errors.named`). A
+sweep counted in one run (:func:`sweep_in_one_run`) shares one setup between its lengths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from . import cache, counting, families, inputs, one_run
+from . import roles as roles_mod
+from .counting import Counted, Options
+from .errors import ProfileError, named
+from .formulas import ModelSpec
+from .ops import RawCount, ancestors
+from .result import CAUSAL, COMPONENTS, Profile, versions
+
+__all__ = ["Placement", "Setup", "assemble", "place", "quiet_torch_logs", "run", "sweep_in_one_run"]
+
+#: torch loggers that report, at ERROR level, what the counters try and then handle themselves.
+_TORCH_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes", "torch._dynamo")
+
+
+@contextlib.contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """A failed meta kernel under fake tensors is logged with its traceback (hundreds of lines), then
+    raised, and the plugin reports it in its own words: keep the log out of the user's output."""
+    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+FORMULA_WARNING = ("{part} is {measured:,} MAC but the formula gives {expected:,} ({deviation:+.2%}): the model does "
+                   "something the cost model does not describe, or a part was misplaced; compare Profile.by_module, "
+                   "pass roles= or spec=")
+SPEC_NOTE = "no formula: {why}"
+FOLDED_NOTE = ("the attention ran {sequences} sequences of {n} tokens for a batch of {batch} (frames or windows folded "
+               "into its batch), which the formulas, one sequence per input, do not describe; pass spec= to compare")
+DECODE_HALF_NOTE = ("causal='half' does not apply to a decode step: its queries attend to every cached key, and the "
+                    "core is counted as the kernel runs it")
+CHUNK_HALF_WARNING = ("causal='half': {layers} layer(s) attend within chunks of {chunk} tokens, which keep fewer "
+                      "query-key pairs than the n(n+1)/2 counted (chunk-aware accounting is not done)")
+WINDOW_HALF_WARNING = ("causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
+                       "fewer query-key pairs than the n(n+1)/2 counted (window-aware accounting is not done)")
+HYBRID_NOTE = ("{bare} layer(s) run no attention beside {layers} that do (a hybrid of attention and state-space or "
+               "recurrent layers), and the cost model puts attention in every layer; pass spec= for the attention layers")
+REAL_NOTE = ("counted on real tensors (the torch backend's last resort): the inputs' values chose the "
+             "data-dependent branches, so this profile holds for these inputs only and is not cached")
+NOTHING_RAN = ("the forward counted 0 MAC: nothing ran on these inputs (trimmed to 0 tokens?); a profile of "
+               "nothing cannot stand for the model: check the inputs")
+NOT_A_DECODER = ("{name} is not a decoder: its attention is bidirectional (is_causal=False, config.is_decoder is "
+                 "False), so a step against a KV cache describes no generation; decode steps are for decoders (GPT-2, "
+                 "LLaMA, ...), or an encoder built with is_decoder=True")
+
+
+@dataclass
+class Setup:
+    """The twin of one model and what is read from it before a count (shared by a sweep's lengths)."""
+
+    target: nn.Module
+    model_name: str
+    spec: ModelSpec | None
+    options: Options
+    twin: nn.Module
+    notes: list[str]
+    masks: Mapping[str, Any] | None
+    declared: dict[str, bool]
+    causal_modules: frozenset[str] | None
+    bidirectional: frozenset[str]
+    containers: list[str]
+    experts: Any
+    rows: dict[Any, dict[str, tuple[str, int, str]]] = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def sizes(self) -> dict[str, tuple[str, int]]:
+        """Every module's class and parameter count (tied parameters once)."""
+        return {name: (type(module).__name__, sum(p.numel() for p in module.parameters()))
+                for name, module in self.twin.named_modules()}
+
+    @classmethod
+    def of(cls, target: nn.Module, model_name: str, spec: ModelSpec | None, spec_note: str | None,
+           options: Options) -> Setup:
+        twin = counting.meta_twin(target)  # a scripted module, an uncopyable model: no counter can help
+        notes = families.prepare_twin(twin)
+        # triangular mask buffers of the original (the twin's are empty): causal accounting reads them
+        masks = counting.buffer_masks(target) if options.causal == "half" else None
+        if spec is None and spec_note:
+            notes.append(SPEC_NOTE.format(why=spec_note))
+        # what modules say of themselves: is_causal True (decoders) or False (encoders, cross-attention)
+        declared = {name: module.is_causal for name, module in twin.named_modules()
+                    if isinstance(getattr(module, "is_causal", None), bool)}
+        half = options.causal == "half"
+        return cls(
+            target=target, model_name=model_name, spec=spec, options=options, twin=twin, notes=notes, masks=masks,
+            declared=declared,
+            causal_modules=frozenset(name for name, causal in declared.items() if causal) if half else None,
+            bidirectional=frozenset(name for name, causal in declared.items() if not causal) if half else frozenset(),
+            containers=[name for name, module in twin.named_modules()
+                        if isinstance(module, (nn.ModuleList, nn.Sequential))],
+            experts=families.experts_of(twin),
+        )
+
+
+def run(target: nn.Module, model_name: str, spec: ModelSpec | None, spec_note: str | None, spec_read: bool,
+        built: inputs.Built, n: int | None, batch: int, batch_given: bool, roles: Mapping[str, Any] | None,
+        options: Options) -> Profile:
+    """Setup, count, place and assemble: *target* counted on *built* inputs.
+
+    Raises:
+        ProfileError: naming the model, when it cannot be counted or placed.
+    """
+    try:
+        with quiet_torch_logs():
+            setup = Setup.of(target, model_name, spec, spec_note, options)
+            counted = counting.count(target, setup.twin, built.call, options, setup.masks, built.real_call, n)
+            placement = place(setup, counted.raw, roles, spec_read)
+            return assemble(setup, counted, placement, built, n, batch, batch_given)
+    except ProfileError as exc:
+        raise named(model_name, exc) from exc.__cause__
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The split of one count, and what the structure said of the spec."""
+
+    assigned: Mapping[str, str]
+    structure: roles_mod.Structure | None
+    parts: roles_mod.Split
+    spec: ModelSpec | None
+    notes: tuple[str, ...]
+    spec_read: bool  # read from the config (a given spec= is kept as it is)
+
+
+def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_read: bool) -> Placement:
+    """The split of *raw* by the user's roles= or the structure, and the spec as the structure corrects it."""
+    spec, twin, notes = setup.spec, setup.twin, list(setup.notes)
+    decoding = setup.options.mode == "decode"
+    structure = None
+    if roles is not None:
+        assigned = roles_mod.explicit_roles(roles, list(raw.module_names))
+    else:
+        structure = roles_mod.find_structure(raw.records, setup.containers, setup.experts)
+        assigned = structure.roles()
+    if raw.total == 0:
+        raise ProfileError(NOTHING_RAN)
+    if decoding and not getattr(getattr(setup.target, "config", None), "is_decoder", False):
+        # what the modules that ran the step's attention say of themselves (the nearest that says anything)
+        said = [next((setup.declared[a] for a in ancestors(scope) if a in setup.declared), None)
+                for scope in roles_mod.core_scopes(raw.records)]
+        said = [causal for causal in said if causal is not None]
+        if said and not any(said):
+            raise ProfileError(NOT_A_DECODER.format(name=setup.model_name))
+    if not assigned:
+        raise ProfileError("found neither attention nor an FFN (no fused attention op and no product of two "
+                           f"activations chained like QK^T and AV); {roles_mod.ROLES_HINT}")
+    if structure is not None and structure.layers and spec is not None and spec_read:
+        # gated or not, as the first layer's weights say; the family list decides where they do not tell
+        layer = structure.layers[0]
+        gated = families.gated_by_structure(
+            twin.get_submodule(layer) if layer else twin,
+            [twin.get_submodule(a) if a else twin for a in structure.attention.get(layer, ()) if a != layer], spec)
+        if gated is not None and gated != spec.gated:
+            spec = dataclasses.replace(spec, gated=gated)
+    if structure is not None and structure.bare and spec is not None and spec_read:
+        # a hybrid stack: the formulas put attention in every one of the config's layers
+        notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))
+        spec = None
+    parts = roles_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional)
+    if setup.options.causal == "half" and decoding:
+        notes.append(DECODE_HALF_NOTE)
+    if not parts.halved:
+        assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
+    return Placement(assigned, structure, parts, spec, tuple(notes), spec_read)
+
+
+def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs.Built, n: int | None, batch: int,
+             batch_given: bool) -> Profile:
+    """The profile: n and batch read back from the inputs, the counts, the notes and the warnings."""
+    target, options, raw, parts = setup.target, setup.options, counted.raw, placement.parts
+    spec, notes, structure = placement.spec, list(placement.notes), placement.structure
+    decoding = options.mode == "decode"
+    if counted.real:
+        notes.append(REAL_NOTE)
+    if decoding:
+        n, batch = inputs.decode_lengths(target, built, n, batch, batch_given, spec, parts, options.new_tokens)
+    else:
+        n, batch = inputs.read_lengths(target, built, n, batch, batch_given, spec, parts)
+        folded = inputs.folded_sequences(target, built, spec, parts, batch)
+        if folded is not None and placement.spec_read:
+            notes.append(SPEC_NOTE.format(why=FOLDED_NOTE.format(sequences=folded, n=n, batch=batch)))
+            spec = None
+    assert n is not None
+    memory = None
+    if spec is not None and spec.cross_attention:
+        memory = next((keys for queries, keys, _ in parts.lengths if keys != n), n)
+    layers = spec.layers if spec is not None else max(1, len(structure.layers if structure else parts.attention_modules))
+    result = Profile(
+        name=setup.model_name, n=n, batch=batch, attention_core=parts.attention_core,
+        attention_proj=parts.attention_proj, ffn=parts.ffn, other=parts.other, layers=layers, spec=spec, m=memory,
+        unsupported_ops=dict(sorted(raw.unsupported_ops.items())), by_module=raw.by_module, backend=counted.backend,
+        mode=options.mode, causal=options.causal, causal_applied=parts.halved, fallback=counted.fallback,
+        versions=versions(), ffn_router=parts.ffn_router, notes=tuple(notes),
+        modules=_module_rows(setup, placement.assigned, structure),
+        new_tokens=options.new_tokens if decoding else None,
+        kv_cache_bytes=inputs.cache_bytes(built.args, built.kwargs) if decoding else None,
+        roles=dict(placement.assigned), roles_given=structure is None,
+    )
+    warnings = roles_mod.structure_warnings(parts, structure, raw.records, spec, setup.model_name)
+    warnings += _formula_warnings(result)
+    if counted.unchecked:
+        warnings.append(counted.unchecked)
+    if parts.halved and not decoding:  # local attention keeps fewer pairs than n(n+1)/2
+        for kind, tokens, count in families.local_attention(target):
+            if n > tokens:
+                template = WINDOW_HALF_WARNING if kind == "window" else CHUNK_HALF_WARNING
+                warnings.append(template.format(layers=count, window=tokens, chunk=tokens))
+    return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
+
+
+def _formula_warnings(result: Profile) -> list[str]:
+    """Each part that differs from the formula."""
+    expected = result.formula
+    if expected is None:
+        return []
+    found = []
+    for part in COMPONENTS:
+        measured, want = getattr(result, part), getattr(expected, part)
+        if measured != want:
+            found.append(FORMULA_WARNING.format(part=part, measured=measured, expected=want,
+                                                deviation=(measured - want) / want if want else 1.0))
+    return found
+
+
+def _module_rows(setup: Setup, assigned: Mapping[str, str], structure: roles_mod.Structure | None
+                 ) -> dict[str, tuple[str, int, str]]:
+    """Every module's class, parameters and role, for Profile.table()."""
+    layers = tuple(structure.layers) if structure is not None else ()
+    key = (tuple(assigned.items()), layers)  # a sweep's lengths mostly find the same roles
+    rows = setup.rows.get(key)
+    if rows is None:
+        rows = setup.rows[key] = {
+            name: (kind, size, "layer" if name in layers else roles_mod.role_of(name, assigned) or "other")
+            for name, (kind, size) in setup.sizes.items()}
+    return dict(rows)  # each profile its own
+
+
+# --- a sweep in one run ---------------------------------------------------------------------------
+
+#: Attention and expert implementations that are transformers' own code (others are registered by users).
+_BUILT_IN_IMPLEMENTATIONS = (None, "eager", "sdpa", "batched_mm", "grouped_mm")
+
+
+def _library_code(twin: nn.Module) -> bool:
+    """Whether every module runs torch's or transformers' own forward, with their own attention and experts.
+
+    That code is written to run with symbolic sizes (torch.compile, torch.export with dynamic lengths):
+    it decides on sizes' values, which a one-run sweep checks, never on their type.
+    """
+    for module in twin.modules():
+        if type(module).__module__.split(".")[0] not in ("torch", "transformers") or "forward" in vars(module):
+            return False
+        config = vars(module).get("config")
+        if config is not None and any(getattr(config, key, None) not in _BUILT_IN_IMPLEMENTATIONS
+                                      for key in ("_attn_implementation", "_experts_implementation")):
+            return False
+    return True
+
+
+def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> list[Profile] | None:
+    """The torch backend's sweep: every length counted in one run (see one_run.py); None where that cannot be.
+
+    Only forward counts of default inputs or of a callable ``inputs=`` (called with the swept length on the
+    meta device), with arguments profile() would take as they are; anything else (and any length the run
+    cannot stand for) is counted one length at a time, which also gives bad arguments their usual message.
+    """
+    allowed = {"batch", "inputs", "roles", "spec", "name", "backend", "mode", "causal", "fallback"}
+    given = kwargs.get("inputs")
+    if given is not None and (not callable(given) or isinstance(given, (nn.Module, torch.Tensor))):
+        return None  # fixed inputs hold one length
+    if (kwargs.get("backend") != "torch" or kwargs.get("mode", "forward") != "forward" or not set(kwargs) <= allowed
+            or kwargs.get("causal", "full") not in CAUSAL or not isinstance(kwargs.get("name"), str)
+            or not isinstance(kwargs.get("roles") or {}, Mapping)
+            or not isinstance(kwargs.get("spec"), (ModelSpec, type(None)))):
+        return None
+    batch_given = kwargs.get("batch") is not None
+    batch = kwargs.get("batch") or 1
+    if type(batch) is not int or batch < 1 or max(lengths) * batch > inputs.LARGEST_TOKENS or len(lengths) < 2:
+        return None
+    roles, spec, model_name = kwargs.get("roles"), kwargs.get("spec"), kwargs["name"]
+    options = Options("torch", "forward", kwargs.get("causal", "full"), bool(kwargs.get("fallback", True)), 0)
+    spec_note, spec_read = None, spec is None
+    if spec is None:
+        spec, spec_note = families.spec_of(target)
+    keys = cache.cache_keys(target, lengths, batch, batch_given, given, roles,
+                            ("read" if spec_read else "given", spec), model_name, options)
+    cached = [cache.lookup(key) for key in keys]
+    if all(found is not None for found in cached):
+        return cached  # type: ignore[return-value]
+
+    def inputs_at(n: Any) -> inputs.Built:
+        if given is None or isinstance(n, int):
+            return inputs.build(target, n, batch, given)  # as profile() builds them
+        with torch.device("meta"):  # the user's callable, given the swept length: tensors made on meta
+            made = inputs.user_inputs(given, n, batch)
+        if not all(t.is_meta for t in pytree.tree_leaves(made) if isinstance(t, torch.Tensor)):
+            raise ProfileError("inputs= made tensors off the meta device for a swept length")
+        return inputs.Built(*made)
+
+    try:
+        built = inputs_at(cast(int, one_run.length_of(lengths)))
+        if not one_run.swept((built.args, built.kwargs)):
+            return None  # inputs that do not depend on n (an image model): nothing to sweep in one run
+        with quiet_torch_logs():
+            setup = Setup.of(target, model_name, spec, spec_note, options)
+            raw = counting.count_forward_torch(setup.twin, built.args, built.kwargs, buffer_masks=setup.masks)
+            state = [t.shape for t in (*setup.twin.parameters(), *setup.twin.buffers())]
+            if one_run.swept(state):
+                return None  # the forward made state of the lengths' sizes (a lazily sized table): one at a time
+            raws = counting.at_lengths(raw, len(lengths))
+            if not _library_code(setup.twin):
+                # code of the user's own: a branch on the *type* of a size (isinstance(n, int)) would go one way
+                # at every length without a decision on a value; the first length counted alone must agree
+                first_inputs = inputs_at(lengths[0])
+                alone = counting.fresh_count(target, first_inputs.args, first_inputs.kwargs, setup.masks)
+                first = raws[0]
+                if (alone.total, alone.records, alone.by_module, alone.unsupported_ops) != (
+                        first.total, first.records, first.by_module, first.unsupported_ops):
+                    return None
+            profiles = []
+            for n, raw_n in zip(lengths, raws):
+                at_n = inputs_at(n)
+                counted = Counted(raw_n, "torch")
+                placement = place(setup, raw_n, roles, spec_read)
+                profiles.append(assemble(setup, counted, placement, at_n, n, batch, batch_given))
+    except (Exception, one_run.Diverged):  # noqa: BLE001 - the lengths one at a time say what is wrong, if anything
+        return None
+    for key, result in zip(keys, profiles):
+        cache.store(key, result)
+    return profiles
