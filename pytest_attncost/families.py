@@ -265,24 +265,7 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
                 if extra in params:
                     kwargs[extra] = torch.zeros((batch, length), dtype=torch.long, device=meta)
         elif main == "pixel_values":
-            size = getattr(config, "image_size", None)
-            if size is None:  # SegFormer and other resolution-free models: any size would be a guess
-                raise ProfileError(
-                    f"{type(config).__name__} has no image_size, so the resolution to count at is yours to choose: "
-                    f"pass inputs={{'pixel_values': torch.zeros(batch, channels, height, width)}}")
-            channels = getattr(config, "num_channels", 3)
-            if isinstance(size, (list, tuple)):
-                size = tuple(size)
-            else:
-                size = (size, size)
-            frames = getattr(config, "num_frames", None)
-            # video models take (batch, frames, channels, height, width): those that embed tubelets (a Conv3d:
-            # VideoMAE, ViViT) and TimeSformer; X-CLIP's vision tower takes frames folded into the batch
-            video = getattr(config, "model_type", "") == "timesformer" or any(
-                isinstance(m, nn.Conv3d) for m in model.modules())
-            clip = (frames,) if video and isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else ()
-            kwargs["pixel_values"] = torch.zeros((batch, *clip, channels, *size), dtype=float_dtype(model),
-                                                 device=meta)
+            kwargs["pixel_values"] = _image(model, config, batch)
         else:
             raise ProfileError(f"cannot build default inputs for {type(model).__name__} ({main!r}); {INPUTS_HINT}")
         if "use_cache" in params:
@@ -300,6 +283,23 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
             return (x, torch.zeros(shape, dtype=x.dtype, device=meta)), {}
         return (x,), {}
     raise ProfileError(f"cannot guess the inputs of {type(model).__name__}; {INPUTS_HINT}")
+
+
+def _image(model: nn.Module, config: Any, batch: int) -> torch.Tensor:
+    """An image (or a clip) of the config's size, on the meta device."""
+    size = getattr(config, "image_size", None)
+    if size is None:  # SegFormer and other resolution-free models: any size would be a guess
+        raise ProfileError(
+            f"{type(config).__name__} has no image_size, so the resolution to count at is yours to choose: "
+            f"pass inputs={{'pixel_values': torch.zeros(batch, channels, height, width)}}")
+    channels = getattr(config, "num_channels", 3)
+    size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    frames = getattr(config, "num_frames", None)
+    # video models take (batch, frames, channels, height, width): those that embed tubelets (a Conv3d:
+    # VideoMAE, ViViT) and TimeSformer; X-CLIP's vision tower takes frames folded into the batch
+    video = getattr(config, "model_type", "") == "timesformer" or any(isinstance(m, nn.Conv3d) for m in model.modules())
+    clip = (frames,) if video and isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else ()
+    return torch.zeros((batch, *clip, channels, *size), dtype=float_dtype(model), device="meta")
 
 
 # --- the twin --------------------------------------------------------------------------------

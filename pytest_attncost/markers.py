@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -118,17 +118,84 @@ def _share(name: str, value: object) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
-def _count(name: str, value: object) -> Fraction:
-    try:
-        return parse_count(value)
-    except UnitError as exc:
-        raise MarkerError(f"{name}: {exc}") from None
+def _read(parse: Callable[[object], Any]) -> Callable[[str, object], Any]:
+    """A keyword's parser from a units parser: its UnitError becomes the keyword's MarkerError."""
+    def parser(name: str, value: object) -> Any:
+        try:
+            return parse(value)
+        except UnitError as exc:
+            raise MarkerError(f"{name}: {exc}") from None
+
+    return parser
 
 
 def _rtol(name: str, value: object) -> float:
     if not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type,operator]
         raise MarkerError(f"{name} must be a finite number >= 0 (a relative tolerance such as 0.01), got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+# --- bounds on measured time -------------------------------------------------------------------
+
+#: Marker keywords on measured shares (same meaning as the MAC shares, over measured time).
+#: A bound on measured time is checked only with at least MIN_REPEATS repeats: fewer cannot tell a
+#: broken bound from a noisy one.
+MIN_REPEATS = 5
+TIME_BOUNDS = ("attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max",
+               "quadratic_time_share_min")
+
+
+TIME_BOUND_MESSAGE = ("{stat} {median:.3f} {op} {limit:g} beyond the noise at n={n} on {where} "
+                      "(median of {repeats} repeats, spread ±{spread:.3f}; MAC share {macs:.3f})")
+
+
+TOO_FEW_REPEATS = ("{bound}={limit:g}: {name} at n={n} was timed {repeats} time(s); a bound on measured time needs "
+                   "at least {minimum} repeats to tell a broken bound from noise: measure(..., repeats={minimum})")
+
+
+NO_TIMING = "{bound}: nothing was timed: call attncost.measure(model) in the test body"
+
+
+def parse_time_bound(name: str, value: object) -> float:
+    """Validate one marker keyword of :data:`TIME_BOUNDS`; raises MarkerError naming it."""
+    if name not in TIME_BOUNDS:
+        raise MarkerError(f"unknown time bound {name!r}; valid: {', '.join(TIME_BOUNDS)}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise MarkerError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _increase(name: str, value: object) -> float:
+    if not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type,operator]
+        raise MarkerError(f"{name} must be a finite percentage >= 0 such as 2.5, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _tokens(name: str, value: object) -> float:
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
+        raise MarkerError(f"{name} must be a positive number of tokens, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise MarkerError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _mode(name: str, value: object) -> str:
+    if value not in MODES:
+        raise MarkerError(f"{name} must be one of {', '.join(map(repr, MODES))}, got {value!r}")
+    return str(value)
+
+
+#: How each keyword is read (in the order problems are reported).
+_PARSERS: Mapping[str, Callable[[str, object], Any]] = {
+    "batch": _length, **dict.fromkeys(_SHARES, _share), **dict.fromkeys(_COUNTS, _read(parse_count)), "formula_rtol": _rtol,
+    "max_increase": _increase, "crossover_min": _tokens, "crossover_max": _tokens, "crosscheck": _flag,
+    "crossover_rtol": _rtol, "mode": _mode, "new_tokens": _length, "kv_cache_max": _read(parse_bytes),
+    **dict.fromkeys(TIME_BOUNDS, parse_time_bound),
+}
 
 
 def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bounds:
@@ -139,55 +206,12 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
         close = difflib.get_close_matches(name, KEYWORDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise MarkerError(f"unknown keyword {name!r}{hint}; valid: {', '.join(sorted(KEYWORDS))}")
-    values: dict[str, Any] = {}
-    if "n" in kwargs:
-        values["lengths"] = _lengths(kwargs["n"])
-    if "batch" in kwargs:
-        values["batch"] = _length("batch", kwargs["batch"])
-    for name in _SHARES:
+    values: dict[str, Any] = {"lengths": _lengths(kwargs["n"])} if "n" in kwargs else {}
+    for name, parse in _PARSERS.items():
         if name in kwargs:
-            values[name] = _share(name, kwargs[name])
-    for name in _COUNTS:
-        if name in kwargs:
-            values[name] = _count(name, kwargs[name])
-    if "formula_rtol" in kwargs:
-        values["formula_rtol"] = _rtol("formula_rtol", kwargs["formula_rtol"])
-    if "max_increase" in kwargs:
-        value = kwargs["max_increase"]
-        if not _is_number(value) or not math.isfinite(value) or value < 0:
-            raise MarkerError(f"max_increase must be a finite percentage >= 0 such as 2.5, got {value!r}")
-        values["max_increase"] = float(value)
-    for name in ("crossover_min", "crossover_max"):
-        if name in kwargs:
-            value = kwargs[name]
-            if not _is_number(value) or not math.isfinite(value) or value <= 0:
-                raise MarkerError(f"{name} must be a positive number of tokens, got {value!r}")
-            values[name] = float(value)
-    if "crosscheck" in kwargs:
-        if not isinstance(kwargs["crosscheck"], bool):
-            raise MarkerError(f"crosscheck must be True or False, got {kwargs['crosscheck']!r}")
-        values["crosscheck"] = kwargs["crosscheck"]
-    if "crossover_rtol" in kwargs:
-        values["crossover_rtol"] = _rtol("crossover_rtol", kwargs["crossover_rtol"])
-    if "mode" in kwargs:
-        if kwargs["mode"] not in MODES:
-            raise MarkerError(f"mode must be one of {', '.join(map(repr, MODES))}, got {kwargs['mode']!r}")
-        values["mode"] = kwargs["mode"]
-    if "new_tokens" in kwargs:
-        values["new_tokens"] = _length("new_tokens", kwargs["new_tokens"])
-        if values.get("mode") != "decode":
+            values[name] = parse(name, kwargs[name])
+        if name == "new_tokens" and name in kwargs and values.get("mode") != "decode":
             raise MarkerError("new_tokens is a decode step's query length: add mode='decode'")
-    if "kv_cache_max" in kwargs:
-        try:
-            values["kv_cache_max"] = parse_bytes(kwargs["kv_cache_max"])
-        except UnitError as exc:
-            raise MarkerError(f"kv_cache_max: {exc}") from None
-    for name in TIME_BOUNDS:
-        if name in kwargs:
-            try:
-                values[name] = parse_time_bound(name, kwargs[name])
-            except ValueError as exc:
-                raise MarkerError(str(exc)) from None
     bounds = Bounds(**values)
     if bounds.crossover_min is not None and bounds.crossover_max is not None and bounds.crossover_min > bounds.crossover_max:
         raise MarkerError(f"crossover_min {bounds.crossover_min:g} > crossover_max {bounds.crossover_max:g}: no sweep can pass")
@@ -244,27 +268,28 @@ def _formula_share(profile: Profile, part: str) -> str:
 
 def check_bounds(bounds: Bounds, profile: Profile, unit: str = "mac") -> list[str]:
     """Every bound *profile* breaks, as one readable line each."""
-    problems: list[str] = []
     where = f"at n={profile.n}" + (f", batch={profile.batch}" if profile.batch != 1 else "")
-    crossover_note, quadratic_note = threshold_notes(profile)
+    return [*_share_problems(bounds, profile, where), *_count_problems(bounds, profile, unit, where),
+            *_shape_problems(bounds, profile, where)]
 
+
+def _share_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
+    problems: list[str] = []
+    crossover_note, quadratic_note = threshold_notes(profile)
     share = profile.attention_share
-    if bounds.attention_share_max is not None and share > bounds.attention_share_max:
-        problems.append(
-            f"attention_share {share:.3f} > {bounds.attention_share_max} {where} "
-            f"({_formula_share(profile, 'attention')}; {crossover_note})"
-        )
-    if bounds.attention_share_min is not None and share < bounds.attention_share_min:
-        problems.append(
-            f"attention_share {share:.3f} < {bounds.attention_share_min} {where} "
-            f"({_formula_share(profile, 'attention')}; {crossover_note})"
-        )
+    for limit, op in ((bounds.attention_share_max, ">"), (bounds.attention_share_min, "<")):
+        if limit is not None and (share > limit if op == ">" else share < limit):
+            problems.append(f"attention_share {share:.3f} {op} {limit} {where} "
+                            f"({_formula_share(profile, 'attention')}; {crossover_note})")
     quad = profile.quadratic_share
     if bounds.quadratic_share_max is not None and quad > bounds.quadratic_share_max:
-        problems.append(
-            f"quadratic_share {quad:.3f} > {bounds.quadratic_share_max} {where} "
-            f"({_formula_share(profile, 'attention_core')}; {quadratic_note})"
-        )
+        problems.append(f"quadratic_share {quad:.3f} > {bounds.quadratic_share_max} {where} "
+                        f"({_formula_share(profile, 'attention_core')}; {quadratic_note})")
+    return problems
+
+
+def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> list[str]:
+    problems: list[str] = []
     formula = profile.formula
     for name, part in (("total_max", "total"), ("attention_max", "attention"), ("ffn_max", "ffn")):
         limit = getattr(bounds, name)
@@ -277,41 +302,39 @@ def check_bounds(bounds: Bounds, profile: Profile, unit: str = "mac") -> list[st
             note = f"{label} {format_count(expected, unit)}"
         else:
             note = "no formula"
-        problems.append(
-            f"{part} {format_count(measured, unit)} > {name} {format_count(limit, unit)} {where} "
-            f"({measured:,} > {_exact(limit)} MAC; {note})"
-        )
+        problems.append(f"{part} {format_count(measured, unit)} > {name} {format_count(limit, unit)} {where} "
+                        f"({measured:,} > {_exact(limit)} MAC; {note})")
+    return problems
+
+
+def _shape_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
+    """The bounds that need the model's shape or mode: linear saving, KV cache, the formula's tolerance."""
+    problems: list[str] = []
     saving = profile.linear_attention_saving
     if bounds.linear_saving_max is not None:
         if saving is None:
             problems.append(f"linear_saving_max needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
         elif saving > bounds.linear_saving_max:
-            problems.append(
-                f"linear_attention_saving {saving:.4f} > {bounds.linear_saving_max} {where} "
-                f"(linear attention would save {saving:.2%} of attention+ffn; {crossover_note})"
-            )
-    if bounds.kv_cache_max is not None:
-        held = profile.kv_cache_bytes
-        if held is None:
-            problems.append(f"kv_cache_max bounds a decode step's KV cache: profile with mode='decode' {where}")
-        elif held > bounds.kv_cache_max:
-            problems.append(
-                f"kv_cache_bytes {format_bytes(held)} > kv_cache_max {format_bytes(bounds.kv_cache_max)} {where} "
-                f"({held:,} > {bounds.kv_cache_max:,} bytes; decode step of {profile.new_tokens} against "
-                f"{profile.n:,} cached tokens)"
-            )
-    if bounds.formula_rtol is not None:
-        if formula is None:
-            problems.append(f"formula_rtol needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
-        else:
-            for part in ("attention_core", "attention_proj", "ffn"):
-                got, want = getattr(profile, part), getattr(formula, part)
-                dev = relative_deviation(got, want)
-                if dev > bounds.formula_rtol:
-                    problems.append(
-                        f"{part} {got:,} MAC deviates {dev:.2%} from the formula's {want:,} "
-                        f"(formula_rtol {bounds.formula_rtol}) {where}"
-                    )
+            problems.append(f"linear_attention_saving {saving:.4f} > {bounds.linear_saving_max} {where} "
+                            f"(linear attention would save {saving:.2%} of attention+ffn; "
+                            f"{threshold_notes(profile)[0]})")
+    held = profile.kv_cache_bytes
+    if bounds.kv_cache_max is not None and held is None:
+        problems.append(f"kv_cache_max bounds a decode step's KV cache: profile with mode='decode' {where}")
+    elif bounds.kv_cache_max is not None and held is not None and held > bounds.kv_cache_max:
+        problems.append(f"kv_cache_bytes {format_bytes(held)} > kv_cache_max {format_bytes(bounds.kv_cache_max)} "
+                        f"{where} ({held:,} > {bounds.kv_cache_max:,} bytes; decode step of {profile.new_tokens} "
+                        f"against {profile.n:,} cached tokens)")
+    formula = profile.formula
+    if bounds.formula_rtol is not None and formula is None:
+        problems.append(f"formula_rtol needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
+    elif bounds.formula_rtol is not None and formula is not None:
+        for part in ("attention_core", "attention_proj", "ffn"):
+            got, want = getattr(profile, part), getattr(formula, part)
+            dev = relative_deviation(got, want)
+            if dev > bounds.formula_rtol:
+                problems.append(f"{part} {got:,} MAC deviates {dev:.2%} from the formula's {want:,} "
+                                f"(formula_rtol {bounds.formula_rtol}) {where}")
     return problems
 
 
@@ -354,36 +377,6 @@ def check_sweep(bounds: Bounds, sweep: Sweep) -> list[str]:
                 f"formula's {format_tokens(formula)} (crossover_rtol {bounds.crossover_rtol}) {where}"
             )
     return problems
-
-
-# --- bounds on measured time -------------------------------------------------------------------
-
-#: Marker keywords on measured shares (same meaning as the MAC shares, over measured time).
-#: A bound on measured time is checked only with at least MIN_REPEATS repeats: fewer cannot tell a
-#: broken bound from a noisy one.
-MIN_REPEATS = 5
-TIME_BOUNDS = ("attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max",
-               "quadratic_time_share_min")
-
-
-TIME_BOUND_MESSAGE = ("{stat} {median:.3f} {op} {limit:g} beyond the noise at n={n} on {where} "
-                      "(median of {repeats} repeats, spread ±{spread:.3f}; MAC share {macs:.3f})")
-
-
-TOO_FEW_REPEATS = ("{bound}={limit:g}: {name} at n={n} was timed {repeats} time(s); a bound on measured time needs "
-                   "at least {minimum} repeats to tell a broken bound from noise: measure(..., repeats={minimum})")
-
-
-NO_TIMING = "{bound}: nothing was timed: call attncost.measure(model) in the test body"
-
-
-def parse_time_bound(name: str, value: object) -> float:
-    """Validate one marker keyword of :data:`TIME_BOUNDS`; raises ValueError naming it."""
-    if name not in TIME_BOUNDS:
-        raise ValueError(f"unknown time bound {name!r}; valid: {', '.join(TIME_BOUNDS)}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
 
 
 def _where(timing: Timing) -> str:

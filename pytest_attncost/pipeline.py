@@ -290,6 +290,21 @@ def _library_code(twin: nn.Module) -> bool:
     return True
 
 
+def _one_run_takes(kwargs: Mapping[str, Any], lengths: list[int]) -> bool:
+    """Whether profile()'s arguments are of the few forms a one-run sweep takes as they are."""
+    allowed = {"batch", "inputs", "roles", "spec", "name", "backend", "mode", "causal", "fallback"}
+    given = kwargs.get("inputs")
+    if given is not None and (not callable(given) or isinstance(given, (nn.Module, torch.Tensor))):
+        return False  # fixed inputs hold one length
+    if (kwargs.get("backend") != "torch" or kwargs.get("mode", "forward") != "forward" or not set(kwargs) <= allowed
+            or kwargs.get("causal", "full") not in CAUSAL or not isinstance(kwargs.get("name"), str)
+            or not isinstance(kwargs.get("roles") or {}, Mapping)
+            or not isinstance(kwargs.get("spec"), (ModelSpec, type(None)))):
+        return False
+    batch = kwargs.get("batch") or 1
+    return type(batch) is int and batch >= 1 and max(lengths) * batch <= inputs.LARGEST_TOKENS and len(lengths) >= 2
+
+
 def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> list[Profile] | None:
     """The torch backend's sweep: every length counted in one run (see one_run.py); None where that cannot be.
 
@@ -297,19 +312,9 @@ def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, An
     meta device), with arguments profile() would take as they are; anything else (and any length the run
     cannot stand for) is counted one length at a time, which also gives bad arguments their usual message.
     """
-    allowed = {"batch", "inputs", "roles", "spec", "name", "backend", "mode", "causal", "fallback"}
-    given = kwargs.get("inputs")
-    if given is not None and (not callable(given) or isinstance(given, (nn.Module, torch.Tensor))):
-        return None  # fixed inputs hold one length
-    if (kwargs.get("backend") != "torch" or kwargs.get("mode", "forward") != "forward" or not set(kwargs) <= allowed
-            or kwargs.get("causal", "full") not in CAUSAL or not isinstance(kwargs.get("name"), str)
-            or not isinstance(kwargs.get("roles") or {}, Mapping)
-            or not isinstance(kwargs.get("spec"), (ModelSpec, type(None)))):
+    if not _one_run_takes(kwargs, lengths):
         return None
-    batch_given = kwargs.get("batch") is not None
-    batch = kwargs.get("batch") or 1
-    if type(batch) is not int or batch < 1 or max(lengths) * batch > inputs.LARGEST_TOKENS or len(lengths) < 2:
-        return None
+    given, batch_given, batch = kwargs.get("inputs"), kwargs.get("batch") is not None, kwargs.get("batch") or 1
     roles, spec, model_name = kwargs.get("roles"), kwargs.get("spec"), kwargs["name"]
     options = Options("torch", "forward", kwargs.get("causal", "full"), bool(kwargs.get("fallback", True)), 0)
     spec_note, spec_read = None, spec is None
@@ -344,18 +349,13 @@ def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, An
             if not _library_code(setup.twin):
                 # code of the user's own: a branch on the *type* of a size (isinstance(n, int)) would go one way
                 # at every length without a decision on a value; the first length counted alone must agree
-                first_inputs = inputs_at(lengths[0])
-                alone = counting.fresh_count(target, first_inputs.args, first_inputs.kwargs, setup.masks)
+                alone = counting.fresh_count(target, *inputs_at(lengths[0]).call(), setup.masks)
                 first = raws[0]
                 if (alone.total, alone.records, alone.by_module, alone.unsupported_ops) != (
                         first.total, first.records, first.by_module, first.unsupported_ops):
                     return None
-            profiles = []
-            for n, raw_n in zip(lengths, raws):
-                at_n = inputs_at(n)
-                counted = Counted(raw_n, "torch")
-                placement = place(setup, raw_n, roles, spec_read)
-                profiles.append(assemble(setup, counted, placement, at_n, n, batch, batch_given))
+            profiles = [assemble(setup, Counted(raw_n, "torch"), place(setup, raw_n, roles, spec_read), inputs_at(n), n,
+                                 batch, batch_given) for n, raw_n in zip(lengths, raws)]
     except (Exception, one_run.Diverged):  # noqa: BLE001 - the lengths one at a time say what is wrong, if anything
         return None
     for key, result in zip(keys, profiles):

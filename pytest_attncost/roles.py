@@ -208,6 +208,7 @@ def find_structure(
     failing that (attention-only stacks), the outermost such element. Without any such element, the innermost module with
     parameter products beside its attention child; failing that, the whole model.
     """
+    # long: the layer, attention, hybrid and parallel-list rules read one another's findings in one place
     boxes = frozenset(containers)
 
     def child_of(module: str, scope: str) -> str:
@@ -423,6 +424,7 @@ def split(
     the user's ``roles=`` a fused attention op is a core wherever it runs. Cores of *bidirectional*
     modules (``is_causal=False``: an encoder's padding mask or position bias) stay in full without a word.
     """
+    # long: one pass over the records; routers, roots, layers and groups are looked up once per scope in it
     result = Split()
     seen_modules: dict[str, None] = {}
     groups: list[tuple[str, list[OpRecord]]] = []

@@ -74,17 +74,8 @@ class Settings:
         markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown")
         save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save")
         compare_path = _path_value(config, "attncost_compare", "attncost_compare")
-        named = {"--attncost-json": json_path, "--attncost-markdown": markdown_path,
-                 "--attncost-save": save_path, "--attncost-compare": compare_path}
-        seen: dict[Path, str] = {}
-        for option, path in named.items():
-            if path is None:
-                continue
-            if path in seen:
-                raise pytest.UsageError(
-                    f"{seen[path]} and {option} name the same file {path}: give them different paths"
-                )
-            seen[path] = option
+        _distinct({"--attncost-json": json_path, "--attncost-markdown": markdown_path,
+                   "--attncost-save": save_path, "--attncost-compare": compare_path})
         raw_increase = config.getoption("attncost_max_increase")
         if raw_increase is None:
             text = str(config.getini("attncost_max_increase")).strip() or "0"
@@ -94,21 +85,7 @@ class Settings:
                 raise pytest.UsageError(
                     f"attncost_max_increase = {text!r} in the ini file: expected a percentage such as 2.5"
                 ) from None
-        plot_dir = _path_value(config, "attncost_plot", None)
-        if plot_dir is not None:
-            if plot_dir.exists() and not plot_dir.is_dir():
-                raise pytest.UsageError(f"--attncost-plot={plot_dir}: is a file; give a directory")
-            if not plot_dir.parent.is_dir():
-                raise pytest.UsageError(
-                    f"--attncost-plot={plot_dir}: directory {plot_dir.parent} does not exist; create it first"
-                )
-            where = plot_dir if plot_dir.exists() else plot_dir.parent
-            if not os.access(where, os.W_OK | os.X_OK):
-                raise pytest.UsageError(f"--attncost-plot={plot_dir}: directory {where} is not writable")
-            try:
-                require_matplotlib()
-            except ImportError as exc:
-                raise pytest.UsageError(str(exc)) from None
+        plot_dir = _plot_dir(config)
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
         if save_path is not None:
@@ -133,6 +110,36 @@ class Settings:
             crosscheck=flag("attncost_crosscheck", "attncost_crosscheck"),
             cache=_ini_bool(config, "attncost_cache") if config.getoption("attncost_no_cache") is None else False,
         )
+
+
+def _distinct(named: dict[str, Path | None]) -> None:
+    """Two options that name one file would overwrite each other: a usage error naming both."""
+    seen: dict[Path, str] = {}
+    for option, path in named.items():
+        if path is None:
+            continue
+        if path in seen:
+            raise pytest.UsageError(f"{seen[path]} and {option} name the same file {path}: give them different paths")
+        seen[path] = option
+
+
+def _plot_dir(config: pytest.Config) -> Path | None:
+    """--attncost-plot, checked before any test runs: a directory that can be written, and matplotlib."""
+    plot_dir = _path_value(config, "attncost_plot", None)
+    if plot_dir is None:
+        return None
+    if plot_dir.exists() and not plot_dir.is_dir():
+        raise pytest.UsageError(f"--attncost-plot={plot_dir}: is a file; give a directory")
+    if not plot_dir.parent.is_dir():
+        raise pytest.UsageError(f"--attncost-plot={plot_dir}: directory {plot_dir.parent} does not exist; create it first")
+    where = plot_dir if plot_dir.exists() else plot_dir.parent
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise pytest.UsageError(f"--attncost-plot={plot_dir}: directory {where} is not writable")
+    try:
+        require_matplotlib()
+    except ImportError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return plot_dir
 
 
 def _ini_bool(config: pytest.Config, ini: str) -> bool:

@@ -424,59 +424,29 @@ def time_forward(counted: Profile, model: Any, built: Built, device: Any, dtype:
     Raises:
         TimingError: a model that cannot run on *device* (the message says why).
     """
-    from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
-
     runner = _runner(model, device, dtype, seed)
     generator = torch.Generator().manual_seed(seed)
     # the inputs profile() counted, now with values (for a vision model n stays None: the image decides)
     args, kwargs = _real_inputs(built.given or (built.args, built.kwargs), device, dtype, generator)
+    try:
+        plain, traced, events, device_name = _timed_runs(runner, lambda: runner(*args, **kwargs), device, warmup,
+                                                         repeats, threads)
+    except TimingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue
+        raise TimingError(f"{counted.name} could not run on {device} ({type(exc).__name__}: {exc})") from exc
+    if len(events) != repeats:
+        raise TimingError(f"{counted.name}: the profiler recorded {len(events)} of {repeats} repeats")
     params, buffers = _shape_sets(runner)
     placement = _Placement(counted.roles, counted.roles_given, params, buffers)
-    clock = _Clock(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-
-    def run() -> None:
-        runner(*args, **kwargs)
-
-    plain: list[float] = []
-    traced: list[float] = []
-    with _timing_environment(device, threads):
-        try:
-            for _ in range(warmup):
-                clock.time(run)
-            plain = [clock.time(run) for _ in range(repeats)]
-            ranges = _Ranges(runner)
-            try:
-                with torch_profile(activities=activities, record_shapes=True) as prof:
-                    run()  # the profiler's own first-call costs stay out of the repeats
-                    for i in range(repeats):
-                        with record_function(f"{REPEAT_RANGE}{i}"):
-                            traced.append(clock.time(run))
-            finally:
-                ranges.remove()
-        except TimingError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue
-            raise TimingError(f"{counted.name} could not run on {device} ({type(exc).__name__}: {exc})") from exc
-        device_name = _describe(device)  # the thread count in force while timing
-
-    repeat_events = _event_tree(prof)
-    if len(repeat_events) != repeats:
-        raise TimingError(f"{counted.name}: the profiler recorded {len(repeat_events)} of {repeats} repeats")
     samples: dict[str, list[float]] = {key: [] for key in (*PARTS, *TOTALS)}
     by_module: dict[str, list[float]] = {}
-    timed_macs = dict.fromkeys(PARTS, 0)
-    unread: dict[str, int] = {}
-    device_time = device.type == "cuda"
-    for i, event in enumerate(repeat_events):
-        parts, modules, macs, missing = _split_repeat(event, placement, device_time)
-        attributed = sum(parts.values())
-        for part in PARTS:
-            samples[part].append(parts[part])
-        samples["attributed"].append(attributed)
-        samples["traced"].append(traced[i])
-        samples["unattributed"].append(traced[i] - attributed)
-        samples["forward"].append(plain[i])
+    timed_macs, unread = dict.fromkeys(PARTS, 0), {}
+    for i, event in enumerate(events):
+        parts, modules, macs, missing = _split_repeat(event, placement, device.type == "cuda")
+        for key, value in (*parts.items(), ("attributed", sum(parts.values())), ("traced", traced[i]),
+                           ("unattributed", traced[i] - sum(parts.values())), ("forward", plain[i])):
+            samples[key].append(value)
         for module, seconds in modules.items():
             by_module.setdefault(module, []).append(seconds)
         if i == 0:
@@ -485,11 +455,37 @@ def time_forward(counted: Profile, model: Any, built: Built, device: Any, dtype:
     return Timing(
         name=counted.name, n=counted.n, batch=counted.batch, device=str(device), device_name=device_name,
         dtype=str(next((p.dtype for p in runner.parameters()), torch.get_default_dtype())).replace("torch.", ""),
-        clock="device" if device_time else "wall", warmup=warmup, repeats=repeats,
+        clock="device" if device.type == "cuda" else "wall", warmup=warmup, repeats=repeats,
         samples={key: tuple(values) for key, values in samples.items()}, macs=mac_parts, roles=dict(counted.roles),
         by_module={module: median(values) for module, values in by_module.items()}, timed_macs=timed_macs,
         notes=tuple(_notes(mac_parts, timed_macs, unread, plain, traced)), profile=counted,
     )
+
+
+def _timed_runs(runner: nn.Module, run: Callable[[], Any], device: Any, warmup: int, repeats: int,
+                threads: int | None) -> tuple[list[float], list[float], list[_Node], str]:
+    """Warm-up, the plain forwards timed whole, then the traced ones under the profiler: (plain seconds,
+    traced seconds, the repeats' event trees, the device's description with the threads in force)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
+
+    clock = _Clock(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    traced: list[float] = []
+    with _timing_environment(device, threads):
+        for _ in range(warmup):
+            clock.time(run)
+        plain = [clock.time(run) for _ in range(repeats)]
+        ranges = _Ranges(runner)
+        try:
+            with torch_profile(activities=activities, record_shapes=True) as prof:
+                run()  # the profiler's own first-call costs stay out of the repeats
+                for i in range(repeats):
+                    with record_function(f"{REPEAT_RANGE}{i}"):
+                        traced.append(clock.time(run))
+        finally:
+            ranges.remove()
+        device_name = _describe(device)  # the thread count in force while timing
+    return plain, traced, _event_tree(prof), device_name
 
 
 def _notes(mac_parts: Mapping[str, int], timed_macs: Mapping[str, int], unread: Mapping[str, int],

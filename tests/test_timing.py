@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -249,8 +250,9 @@ def test_op_macs_from_shapes() -> None:
 # --- real forwards on the CPU ----------------------------------------------------------------
 
 # BERT-base-shaped and LLaMA-shaped, small enough for a test, large enough that the ops (not
-# Python) take the forward's time: 2 layers, hidden 256, 4 heads of 64, at n=512.
-N = 512
+# Python) take the forward's time: 2 layers, hidden 256, 4 heads of 64, at n=1024 (at 512, Python
+# between the ops of a 2-core machine took up to 11% of the traced forward; at 1024 about 5%).
+N = 1024
 
 
 def bert_small() -> nn.Module:
@@ -405,6 +407,34 @@ def test_the_model_is_untouched() -> None:
     assert torch.equal(torch.random.get_rng_state(), rng)
     assert torch.get_num_threads() == threads
     assert next(model.parameters()).device.type == "cpu"
+
+
+def test_measure_counts_once_and_builds_its_inputs_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profile carries the role map it was split with: timing places time with it, no second count."""
+    from pytest_attncost import cache, counting
+
+    import tiny_models
+
+    calls: dict[str, int] = {"count": 0, "backend": 0, "inputs": 0}
+
+    def counted(name: str, function: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(counting, "count", counted("count", counting.count))
+    monkeypatch.setattr(counting, "count_forward", counted("backend", counting.count_forward))
+    monkeypatch.setattr(counting, "count_forward_torch", counted("backend", counting.count_forward_torch))
+    monkeypatch.setattr(families, "default_inputs", counted("inputs", families.default_inputs))
+    model = tiny_models.bert_like()
+    cache.clear_cache()
+    t = measure(model, 16, repeats=1, warmup=0, threads=1)
+    assert calls == {"count": 1, "backend": 1, "inputs": 1}
+    assert t.roles == t.profile.roles and t.macs["ffn"] == t.profile.ffn
+    measure(model, 16, repeats=1, warmup=0, threads=1)  # the profile from the cache: no count, inputs built once
+    assert calls == {"count": 1, "backend": 1, "inputs": 2}
 
 
 def test_measure_with_user_roles_and_dtype() -> None:

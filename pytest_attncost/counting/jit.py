@@ -82,11 +82,14 @@ EXTRA_HANDLES: dict[str, Handle] = {
 
 
 class _TraceContext:
-    def __init__(self, buffer_masks: Mapping[str, Pattern] | None = None) -> None:
+    """What the handles of one trace share: the records, and which graph inputs are the model's state."""
+
+    def __init__(self, harness: nn.Module, n_user_inputs: int, buffer_masks: Mapping[str, Pattern] | None) -> None:
         self.records: list[OpRecord] = []
-        self.n_user_inputs = 0
-        self.state_is_param: list[bool] = []
-        self.state_names: list[str] = []
+        self.n_user_inputs = n_user_inputs
+        state = torch.jit._unique_state_dict(harness, keep_vars=True)  # the order the tracer uses
+        self.state_is_param = [isinstance(t, nn.Parameter) for t in state.values()]
+        self.state_names = list(state)
         self.buffer_masks: Mapping[str, Pattern] = buffer_masks or {}
         self.masks = _GraphMasks(self)
 
@@ -408,13 +411,8 @@ def _trace(
     default_ops: Mapping[str, Handle], buffer_masks: Mapping[str, Pattern] | None, repeats: Repeats | None,
 ) -> RawCount:
     harness = _Harness(model, args, kwargs)
-    ctx = _TraceContext(buffer_masks)
     inputs = harness.trace_inputs()
-    ctx.n_user_inputs = len(inputs)
-    state = torch.jit._unique_state_dict(harness, keep_vars=True)  # the order the tracer uses
-    ctx.state_is_param = [isinstance(t, nn.Parameter) for t in state.values()]
-    ctx.state_names = list(state)
-
+    ctx = _TraceContext(harness, len(inputs), buffer_masks)
     analysis = flop_count_analysis(harness, inputs)
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
     handles = {**default_ops, **EXTRA_HANDLES}
@@ -440,21 +438,7 @@ def _trace(
         except Exception as exc:  # noqa: BLE001 - the tracer's reason is the user's best clue
             if repeats is not None and repeats.stub_of():
                 raise NotRepeating from exc
-            reason = f"{type(exc).__name__}: {exc}".strip()
-            if len(reason) > 600:
-                reason = reason[:600] + " ..."
-            if "Storage size calculation overflowed" in reason:
-                raise CountError(
-                    f"the length is too large to trace {type(model).__name__}: {reason} (torch cannot "
-                    "describe a tensor of 2**63 bytes or more, even on the meta device)\n"
-                    "Fix: use a smaller n, or evaluate the formulas alone: pytest_attncost.model_costs(spec, n) "
-                    "or python -m pytest_attncost"
-                ) from exc
-            raise CountError(
-                f"fvcore could not trace {type(model).__name__} on the meta device: {reason}\n"
-                "Fix: make forward() traceable (no data-dependent Python control flow, no .item() or "
-                "printing of tensor values), or pass inputs= that forward() accepts."
-            ) from exc
+            raise _untraceable(model, exc) from exc
         unsupported = Counter({op: int(c) for op, c in analysis.unsupported_ops().items()})
         by_module_raw = analysis.by_module()
         if repeats is not None:
@@ -463,12 +447,9 @@ def _trace(
                 second = repeats.stub_of()[name].names[1]
                 unsupported.update(analysis.unsupported_ops(f"model.{second}"))
     unsupported.update(aliases)
-    by_module: dict[str, int] = {}
-    for name, value in by_module_raw.items():
-        if name == "":
-            continue  # the harness; "model" below is the same total
-        key = "" if name == "model" else name[len("model.") :]
-        by_module[key] = int(value)
+    # "" is the harness; "model" is the same total, the user's model
+    by_module = {"" if name == "model" else name[len("model."):]: int(value)
+                 for name, value in by_module_raw.items() if name}
     records = ctx.records
     if repeats is not None and repeats.stub_of():
         records, extra = _expand_markers(records, repeats, by_module)
@@ -478,6 +459,25 @@ def _trace(
     return RawCount(
         total=int(total), records=records, unsupported_ops=unsupported, by_module=by_module, module_names=classes,
         copied_layers=copied,
+    )
+
+
+def _untraceable(model: nn.Module, exc: Exception) -> CountError:
+    """The tracer's failure in the user's words: its reason, and the fix."""
+    reason = f"{type(exc).__name__}: {exc}".strip()
+    if len(reason) > 600:
+        reason = reason[:600] + " ..."
+    if "Storage size calculation overflowed" in reason:
+        return CountError(
+            f"the length is too large to trace {type(model).__name__}: {reason} (torch cannot "
+            "describe a tensor of 2**63 bytes or more, even on the meta device)\n"
+            "Fix: use a smaller n, or evaluate the formulas alone: pytest_attncost.model_costs(spec, n) "
+            "or python -m pytest_attncost"
+        )
+    return CountError(
+        f"fvcore could not trace {type(model).__name__} on the meta device: {reason}\n"
+        "Fix: make forward() traceable (no data-dependent Python control flow, no .item() or "
+        "printing of tensor values), or pass inputs= that forward() accepts."
     )
 
 

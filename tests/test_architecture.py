@@ -1,0 +1,131 @@
+"""The house keeps its shape: every import points down the floors, no circles, no module over ~700 lines,
+no function over ~60 lines without a comment that says why.
+
+The imports are read from the source with ``ast`` (lazy ones inside functions included), so nothing is
+imported here. A new module must be given its floor in :data:`FLOORS` (docs/architecture.md draws them).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pytest_attncost"
+
+#: Each module's floor: a module may import from its own floor or below, never above.
+FLOORS = {
+    "plugin": 9,
+    "session": 8,
+    "cli": 7, "settings": 7, "__main__": 7,
+    "baseline": 6, "__init__": 6,
+    "api": 5, "reporting": 5,
+    "pipeline": 4, "timing": 4, "markers": 4,
+    "counting": 3, "inputs": 3, "cache": 3, "sweep": 3,
+    "families": 2, "result": 2, "roles": 2, "plots": 2,
+    "formulas": 1, "units": 1, "ops": 1, "one_run": 1, "errors": 1,
+}
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 60
+WHY_LONG = "# long:"  # a function over MAX_FUNCTION_LINES says why in a comment that starts so
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name inside the package (``counting.jit``, ``api``) -> file."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules *name* imports, at any depth of its code."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            stem = [*base, *(node.module.split(".") if node.module else [])]
+            candidates = [".".join([*stem, alias.name]) for alias in node.names] + [".".join(stem)]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pytest_attncost"):
+            stem = node.module.split(".")[1:]  # type: ignore[union-attr]
+            candidates = [".".join([*stem, alias.name]) for alias in node.names] + [".".join(stem)]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name.split(".", 1)[1] for alias in node.names
+                          if alias.name.startswith("pytest_attncost.")]
+        else:
+            continue
+        found |= {c for c in candidates if c in modules and c != name and c}
+    return found
+
+
+def _room(name: str) -> str:
+    return name.split(".")[0] or "__init__"
+
+
+def test_every_module_has_a_floor() -> None:
+    rooms = {_room(name) for name in _modules()}
+    assert not rooms - set(FLOORS), f"give these modules a floor in FLOORS: {sorted(rooms - set(FLOORS))}"
+    assert not set(FLOORS) - rooms, f"FLOORS names modules that no longer exist: {sorted(set(FLOORS) - rooms)}"
+
+
+def test_imports_run_down_the_floors() -> None:
+    modules = _modules()
+    upward = [f"{name} (floor {FLOORS[_room(name)]}) imports {target} (floor {FLOORS[_room(target)]})"
+              for name, path in modules.items() for target in _imports(name, path, modules)
+              if FLOORS[_room(target)] > FLOORS[_room(name)]]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_circles() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    # a package's __init__ re-exporting its own modules is not a circle through them
+    graph = {name: {t for t in targets if not (t.startswith(name + ".") and name != "")} for name, targets in graph.items()}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                pytest.fail("import circle: " + " -> ".join([*path[path.index(target):], target]))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_modules_and_functions_stay_small() -> None:
+    big = []
+    for name, path in _modules().items():
+        source = path.read_text()
+        lines = source.splitlines()
+        if len(lines) > MAX_MODULE_LINES:
+            big.append(f"{name}: {len(lines)} lines (a module of more than {MAX_MODULE_LINES} has two jobs)")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                body = lines[node.lineno - 1 : node.end_lineno]
+                if length > MAX_FUNCTION_LINES and not any(line.strip().startswith(WHY_LONG) for line in body):
+                    big.append(f"{name}.{node.name}: {length} lines, and no '{WHY_LONG}' comment says why")
+    assert not big, "\n".join(big)
+
+
+def test_the_guard_sees_an_upward_import(tmp_path: Path) -> None:
+    """The reader finds relative, absolute and lazy imports (else the guard above could pass on nothing)."""
+    modules = _modules()
+    sample = tmp_path / "sample.py"
+    sample.write_text("from . import api\nfrom .counting import jit\nimport pytest_attncost.plugin\n"
+                      "def f():\n    from .reporting import Row\n")
+    assert _imports("units", sample, modules) == {"api", "counting", "counting.jit", "plugin", "reporting"}
+    nested = tmp_path / "__init__.py"
+    nested.write_text("from ..errors import CountError\nfrom .jit import count_forward\n")
+    assert _imports("counting", nested, modules) == {"errors", "counting.jit"}
