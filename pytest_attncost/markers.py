@@ -330,7 +330,7 @@ def _shape_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
         problems.append(f"formula_rtol needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
     elif bounds.formula_rtol is not None and formula is not None:
         for part in ("attention_core", "attention_proj", "ffn"):
-            got, want = getattr(profile, part), getattr(formula, part)
+            got, want = profile.in_layers(part), getattr(formula, part)
             dev = relative_deviation(got, want)
             if dev > bounds.formula_rtol:
                 problems.append(f"{part} {got:,} MAC deviates {dev:.2%} from the formula's {want:,} "

@@ -225,6 +225,12 @@ class OpRecord:
             in a buffer named in ``buffer_masks=``), ``"unknown"`` if some other mask or bias
             is applied to its scores (padding, sliding window, a mask built some other way),
             ``""`` if none is (and for every other op).
+        sources: for a product or fused attention op, per operand, the indices (in the count's list
+            of records) of the earlier products whose results reach it through ops that multiply no
+            matrices (views, norms, activations, rotary, residual additions): the data flow the
+            split follows (:mod:`~pytest_attncost.roles`); :attr:`fed_by` is their union.
+        backward_of: in a train-mode count, the index of the forward record a backward op
+            differentiates (-1 when none was counted); None for forward ops.
     """
 
     op: str
@@ -234,6 +240,13 @@ class OpRecord:
     shapes: tuple[tuple[int, ...], ...]
     out_shape: tuple[int, ...] = ()
     mask: str = ""
+    sources: tuple[tuple[int, ...], ...] = ()
+    backward_of: int | None = None
+
+    @property
+    def fed_by(self) -> frozenset[int]:
+        """The products whose results reach any of its operands."""
+        return frozenset(i for operand in self.sources for i in operand)
 
 
 @dataclass
@@ -246,6 +259,7 @@ class RawCount:
     by_module: dict[str, int]
     module_names: dict[str, str] = field(default_factory=dict)  # name -> class name
     copied_layers: tuple[str, ...] = ()  # repeated layers counted as copies of a traced one (counting.repeats)
+    outputs: tuple[int, ...] = ()  # the products whose results reach the model's outputs
 
     @property
     def opaque(self) -> list[str]:

@@ -163,7 +163,7 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
     if roles is not None:
         assigned = roles_mod.explicit_roles(roles, list(raw.module_names))
     else:
-        structure = roles_mod.find_structure(raw.records, setup.containers, setup.experts)
+        structure = roles_mod.find_structure(raw.records, setup.containers, setup.experts, raw.outputs)
         assigned = structure.roles()
     if raw.total == 0:
         raise ProfileError(NOTHING_RAN)
@@ -192,6 +192,9 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
     parts = roles_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional)
     if setup.options.causal == "half" and decoding:
         notes.append(DECODE_HALF_NOTE)
+    outside = roles_mod.outside_note(parts, structure)
+    if outside is not None:
+        notes.append(outside)
     if not parts.halved:
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
     return Placement(assigned, structure, parts, spec, tuple(notes), spec_read)
@@ -227,7 +230,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         modules=_module_rows(setup, placement.assigned, structure),
         new_tokens=options.new_tokens if decoding else None,
         kv_cache_bytes=inputs.cache_bytes(built.args, built.kwargs) if decoding else None,
-        roles=dict(placement.assigned), roles_given=structure is None,
+        roles=dict(placement.assigned), roles_given=structure is None, outside=dict(sorted(parts.outside.items())),
     )
     warnings = roles_mod.structure_warnings(parts, structure, raw.records, spec, setup.model_name)
     warnings += _formula_warnings(result)
@@ -248,7 +251,7 @@ def _formula_warnings(result: Profile) -> list[str]:
         return []
     found = []
     for part in COMPONENTS:
-        measured, want = getattr(result, part), getattr(expected, part)
+        measured, want = result.in_layers(part), getattr(expected, part)
         if measured != want:
             found.append(FORMULA_WARNING.format(part=part, measured=measured, expected=want,
                                                 deviation=(measured - want) / want if want else 1.0))

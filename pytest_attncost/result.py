@@ -62,6 +62,9 @@ class Profile:
         new_tokens: the query tokens of a decode step (None outside decode mode).
         kv_cache_bytes: bytes of the KV cache the decode step read (its n tokens, every layer,
             in the cache's dtype); None outside decode mode.
+        outside: MACs of attention that runs outside the repeated layers (Perceiver IO's cross-attention,
+            attention-pooling heads), by part: counted in the parts, left out of the comparison with the
+            formula, which describes the layers (:meth:`in_layers`).
     """
 
     name: str
@@ -87,6 +90,7 @@ class Profile:
     notes: tuple[str, ...] = ()
     new_tokens: int | None = None
     kv_cache_bytes: int | None = None
+    outside: Mapping[str, int] = field(default_factory=dict)
     # module -> (class, parameters, role): for table(); not part of the dict (it can be large)
     modules: Mapping[str, tuple[str, int, str]] = field(default_factory=dict, repr=False, compare=False)
     # module -> "attention" / "ffn": the role map the split used (measure() places time with it), and
@@ -117,6 +121,10 @@ class Profile:
     @property
     def attention(self) -> int:
         return self.attention_core + self.attention_proj
+
+    def in_layers(self, part: str) -> int:
+        """*part*'s MACs in the repeated layers: what the formula describes (attention outside them left out)."""
+        return int(getattr(self, part)) - self.outside.get(part, 0)
 
     @property
     def total(self) -> int:
@@ -150,7 +158,7 @@ class Profile:
         expected = self.formula
         if expected is None:
             return None
-        return max(relative_deviation(getattr(self, c), getattr(expected, c)) for c in COMPONENTS)
+        return max(relative_deviation(self.in_layers(c), getattr(expected, c)) for c in COMPONENTS)
 
     @property
     def linear_attention_saving(self) -> float | None:
@@ -206,7 +214,7 @@ class Profile:
         body = []
         bad = False
         for part in COMPONENTS:
-            got, want = getattr(self, part), getattr(expected, part)
+            got, want = self.in_layers(part), getattr(expected, part)
             dev = relative_deviation(got, want)
             bad |= dev > rtol
             body.append([part, f"{got:,}", f"{want:,}", f"{dev:.2%}", "<-" if dev > rtol else ""])
@@ -254,6 +262,8 @@ class Profile:
         if self.mode == "decode":  # present only in decode profiles: prefill rows and baselines keep their form
             data["new_tokens"] = self.new_tokens
             data["kv_cache_bytes"] = self.kv_cache_bytes
+        if self.outside:  # present only where attention ran outside the layers
+            data["outside"] = dict(sorted(self.outside.items()))
         return data
 
     @classmethod

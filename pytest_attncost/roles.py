@@ -1,29 +1,36 @@
-"""Split counted ops into attention_core, attention_proj, ffn and other — from structure.
+"""Split counted ops into attention_core, attention_proj, ffn and other — by where their data flows.
 
-The layers are found from the model's structure, not from class names
-(:func:`find_structure`): the repeated modules (elements of a ``ModuleList`` /
-``Sequential``) that run an attention core — a fused attention op, or two chained
-products of activations (QK^T then AV). Inside a layer:
+Every product record knows which earlier products reach its operands (``OpRecord.sources``), and the
+split follows that data flow, not the classes or containers that hold the ops:
 
-* the children that run a core are its attention modules: there a product of two
-  activations is ``attention_core``, a product with a parameter ``attention_proj``, a
-  product with a buffer (rotary tables) ``other``;
-* every other parameter product in the layer is ``ffn``, whatever the classes are
-  called (fc1/fc2 on the layer, ``nn.Sequential``, 1x1 convolutions, experts, routers);
-  a router of a mixture of experts is also counted in ``ffn_router``;
-* a product of two activations outside the attention modules cannot be placed: it is
-  ``other`` and listed in :attr:`Split.unplaced`.
+* a **core** is a fused attention op, or two chained products of activations (QK^T whose result
+  reaches AV; linear attention's K^T V, then Q (K^T V)); chained cores form one attention call;
+* its **projections** are the parameter products whose results reach the core's operands (Q, K, V,
+  through reshapes, rotary, norms and other parameter-free ops), those that feed only such
+  projections (low-rank Q/KV), and the parameter product that takes the core's result (O, with any
+  gate beside it);
+* the **layers** are still found from the model's repeated structure (elements of a ``ModuleList`` /
+  ``Sequential`` that run a core and hold other parameter products beside its projections; blocks that
+  hold only an FFN, or only cross-attention, join the attention layer before them in the list), and
+  **every other parameter product in a layer is FFN**; a router of a mixture of experts is also counted
+  in ``ffn_router``;
+* **attention is attention wherever it runs**: a core outside the layers (Perceiver IO's cross-attention
+  blocks, attention-pooling heads) is a core, its projections projections, and the FFN of its block
+  (in the block's module, or taking the attention's result and added back to it) is FFN; the formulas
+  describe the layers, so these parts are kept apart in :attr:`Split.outside` and named in a note;
+* a product of two activations in a layer that is no core cannot be placed: ``other``, and a warning.
 
-Everything outside the layers (embeddings, poolers, heads, attention-pooling heads) is
-``other``. ``roles={"attention": [globs], "ffn": [globs]}`` (fnmatch over dotted module
-names) replaces the detection.
+The data flow checks itself: a product placed as FFN that feeds a core, a projection that also feeds
+an MLP, a core without projections and a layer without FFN among layers with one are warnings naming
+the module and the MACs. ``roles={"attention": [globs], "ffn": [globs]}`` (fnmatch over dotted module
+names) replaces the detection: then a module's role decides (a fused attention op is a core anywhere).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -31,35 +38,34 @@ from .errors import ProfileError
 from .formulas import ModelSpec
 from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product
 
-__all__ = ["ROLE_NAMES", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure",
-           "product_part", "split", "structure_warnings"]
+__all__ = ["ROLE_NAMES", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure", "product_part",
+           "outside_note", "role_of", "split", "structure_warnings"]
 
 ROLE_NAMES = ("attention", "ffn")
+PARTS = ("attention_core", "attention_proj", "ffn", "other")
 
 #: Warnings on a profile: the cause, the module and the MACs concerned (see DECISIONS: plain strings).
 UNPLACED_WARNING = ("{module}: {macs:,} MAC of products of two activations outside the layer's attention "
                     "module(s) could not be placed (counted as other); pass roles= to place them")
-
-
-INLINE_WARNING = ("{module}: attention runs in the layer's own forward (no attention submodule), so its "
-                  "projections and FFN cannot be told apart; all {macs:,} parameter MAC counted as attention_proj; "
-                  "pass roles= to name the FFN")
-
-
 NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while the spec says ffn_dim={ffn_dim}; "
                   "its FFN was not found (counted as other?); pass roles=")
-
-
+LAYER_NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while {others} layer(s) beside it "
+                        "have one; its FFN was not found (counted as other?); pass roles=")
 NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran no product the counter knows; "
                    "see unsupported_ops")
-
-
 UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
                         "cannot tell; counted in full")
-
-
 BARE_WARNING = ("{modules}: {count} layer(s) beside the attention layers ran no attention core; their {macs:,} MAC "
                 "(their FFNs included) are counted as other; pass roles= to place them")
+FFN_FEEDS_CORE_WARNING = ("{module}: {macs:,} MAC placed as {part} feed the attention core in {attention} directly, "
+                          "from outside its layer (attention without its own projection?); pass roles= to place them")
+SHARED_PROJECTION_WARNING = ("{module}: a projection of the attention in {attention} ({macs:,} MAC, counted as "
+                             "attention_proj) also feeds {other}, which is no attention; pass roles= if it is not a "
+                             "projection")
+NO_PROJECTION_WARNING = ("{attention}: its attention core ({macs:,} MAC) is reached by no parameter product: its Q, K "
+                         "and V projections were not found; pass roles= to name them")
+OUTSIDE_NOTE = ("attention outside the repeated layers, counted as attention and left out of the formula's layers: "
+                "{modules}: core {core:,}, projections {proj:,}, FFN {ffn:,} MAC")
 
 ROLES_HINT = (
     "pass roles={'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']} "
@@ -67,10 +73,9 @@ ROLES_HINT = (
 )
 
 
-
 @dataclass
 class Split:
-    """Counted MACs by role, plus what the attention saw and what could not be placed."""
+    """Counted MACs by part, plus what the attention saw and what could not be placed."""
 
     attention_core: int = 0
     attention_proj: int = 0
@@ -78,12 +83,13 @@ class Split:
     ffn_router: int = 0  # part of ffn: the routers of mixture-of-experts layers
     other: int = 0
     attention_modules: list[str] = field(default_factory=list)
-    # (queries, keys, batch x heads) per core op group of the layers, in graph order
+    # (queries, keys, batch x heads) per attention call of the layers, in graph order
     lengths: list[tuple[int, int, int]] = field(default_factory=list)
     halved: bool = False  # causal self-attention was counted as a half triangle
     layer_ffn: dict[str, int] = field(default_factory=dict)  # layer -> its ffn MACs
     unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
     unknown_masks: dict[str, int] = field(default_factory=dict)  # module -> core MACs under a mask of unknown form
+    outside: dict[str, int] = field(default_factory=dict)  # part -> MACs of attention blocks outside the layers
 
 
 def _parent(name: str) -> str:
@@ -94,203 +100,374 @@ def _within(scope: str, module: str) -> bool:
     return module == "" or scope == module or scope.startswith(module + ".")
 
 
-def _child_towards(module: str, scope: str) -> str:
-    """The direct child of *module* on the way down to *scope* (*module* itself if they are equal)."""
-    if scope == module:
-        return module
-    rest = scope[len(module) + 1 :] if module else scope
-    head = rest.split(".", 1)[0]
-    return f"{module}.{head}" if module else head
+def _common(scopes: Iterable[str]) -> str:
+    """The innermost module enclosing every scope."""
+    found: list[str] | None = None
+    for scope in scopes:
+        chain = ancestors(scope)
+        found = chain if found is None else [a for a in chain if a in found]
+    return found[0] if found else ""
 
 
-def _is_product(record: OpRecord) -> bool:
-    return is_product(record.op)
+# --- the data flow --------------------------------------------------------------------------------
 
 
-def _is_fused(record: OpRecord) -> bool:
-    return is_fused(record.op)
+class Flow:
+    """The products of one count, who consumes whose result, and the attention calls (chained cores).
 
+    Attributes:
+        products: indices of the forward products and fused attention ops.
+        consumers: index -> the products whose operands its result reaches.
+        groups: the attention calls: each the indices of its cores, in graph order.
+        group_of: core index -> its group's position in *groups*.
+    """
 
-def _common(first: str, second: str) -> str:
-    """The innermost module enclosing both scopes."""
-    enclosing = set(ancestors(first))
-    return next(a for a in ancestors(second) if a in enclosing)
+    def __init__(self, records: Sequence[OpRecord]) -> None:
+        self.records = records
+        self.products = [i for i, r in enumerate(records) if r.backward_of is None and (is_product(r.op) or is_fused(r.op))]
+        self.consumers: dict[int, list[int]] = {i: [] for i in self.products}
+        for i in self.products:
+            for source in sorted(records[i].fed_by):
+                if source in self.consumers:
+                    self.consumers[source].append(i)
+        parent: dict[int, int] = {}
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for i in self.products:
+            record = records[i]
+            if is_fused(record.op):
+                parent.setdefault(i, i)
+            elif record.origin == "activation":
+                for k, operand in enumerate(record.sources):  # scores (or K^T V) reaching the next product
+                    others = {s for j, o in enumerate(record.sources) if j != k for s in o}
+                    # scores reach one operand (probabilities @ V), not both (x @ x^T of a residual stream)
+                    for source in (s for s in operand if self._scores(s) and s not in others):
+                        parent.setdefault(source, source)
+                        parent.setdefault(i, i)
+                        parent[root(i)] = root(source)
+        groups: dict[int, list[int]] = {}
+        for i in sorted(parent):
+            groups.setdefault(root(i), []).append(i)
+        self.groups = list(groups.values())
+        self.group_of = {i: g for g, members in enumerate(self.groups) for i in members}
+
+    def _scores(self, i: int) -> bool:
+        """A forward product of two activations whose result is a matrix row-wise (scores, K^T V), not a vector."""
+        record = self.records[i]
+        return (i in self.consumers and record.origin == "activation" and is_product(record.op)
+                and len(record.out_shape) >= 2 and record.out_shape[-1] > 1)
+
+    def params(self, indices: Iterable[int]) -> list[int]:
+        """The parameter products among *indices*."""
+        return [i for i in indices if i in self.consumers and self.records[i].origin == "param" and i not in self.group_of]
 
 
 def core_scopes(records: Sequence[OpRecord]) -> dict[str, None]:
-    """Scopes that run an attention core: a fused attention op, or two chained products of activations.
+    """The scopes that run an attention core, in graph order."""
+    flow = Flow(records)
+    return dict.fromkeys(records[i].scope for group in flow.groups for i in group)
 
-    Chained: a later activation x activation product takes the earlier one's output shape as an
-    operand (QK^T [.., n, m] then probabilities [.., n, m] @ V; linear attention's K^T V [.., d, d]
-    then Q @ (K^T V)), in the same module or in two sibling modules without parameters of one
-    attention module (SqueezeBERT's ``matmul_qk`` / ``matmul_qkv``), which is then the scope; or two products of
-    activation matrices in a module with at least three parameter products of its own (banded
-    attention). A product of activations yielding vectors (a state-space scan step) is not attention.
-    """
-    found: dict[str, None] = {}
-    outputs: dict[str, set[tuple[int, ...]]] = {}
-    matrices: dict[str, int] = {}
-    previous: OpRecord | None = None
-    param_scopes = [r.scope for r in records if _is_product(r) and r.origin == "param"]
-    for record in records:
-        if _is_fused(record):
-            found.setdefault(record.scope, None)
+
+@dataclass(frozen=True)
+class Projections:
+    """One attention call's projections, found by data flow (see the module docstring)."""
+
+    entry: tuple[int, ...]  # results reach the cores' operands
+    inner: tuple[int, ...]  # feed only projections (low-rank Q/KV)
+    out: tuple[int, ...]  # take the cores' result (O), gates beside it
+
+    @property
+    def all(self) -> tuple[int, ...]:
+        return (*self.entry, *self.inner, *self.out)
+
+
+def _projections(flow: Flow, group: list[int], allowed: frozenset[int] | None) -> Projections:
+    """The projections of the attention call *group*, among the products *allowed* (None: any)."""
+    def ok(i: int) -> bool:
+        return allowed is None or i in allowed
+
+    cores = set(group)
+    entry = [i for i in flow.params({s for c in group for s in flow.records[c].fed_by}) if ok(i)]
+    found = set(entry)
+    inner: list[int] = []
+    grew = True
+    while grew:  # products that feed only projections of this call are projections (low-rank chains)
+        grew = False
+        for i in flow.params(flow.products):
+            users = flow.consumers[i]
+            if i not in found and ok(i) and users and all(u in found or u in cores for u in users):
+                found.add(i)
+                inner.append(i)
+                grew = True
+    out: list[int] = []
+    for i in flow.params(flow.products):
+        sources = set(flow.records[i].fed_by)
+        if i in found or not ok(i) or not sources & cores:
             continue
-        if not (_is_product(record) and record.origin == "activation"):
-            continue
-        if any(shape in outputs.get(record.scope, ()) for shape in record.shapes):
-            found.setdefault(record.scope, None)
-        elif previous is not None and previous.out_shape and previous.out_shape in record.shapes:
-            common = _common(previous.scope, record.scope)
-            wrappers = not any(_within(p, previous.scope) or _within(p, record.scope) for p in param_scopes)
-            if common and wrappers and common in (_parent(previous.scope), _parent(record.scope)):
-                found.setdefault(common, None)
-        if record.out_shape:
-            outputs.setdefault(record.scope, set()).add(record.out_shape)
-        if len(record.out_shape) >= 2 and min(record.out_shape[-2:]) > 1:
-            matrices[record.scope] = matrices.get(record.scope, 0) + 1
-        previous = record
-    # Banded and chunked attention (Longformer) reshapes its scores between QK^T and AV: two
-    # products of activation matrices in one module that has its own Q, K and V projections.
-    for scope, count in matrices.items():
-        if count >= 2 and scope not in found and sum(_within(p, scope) for p in param_scopes) >= 3:
-            found[scope] = None
-    return found
+        beside = sources - set(flow.group_of)  # a gate beside the result (Qwen3-Next): feeding only this one
+        if all(s in flow.consumers and flow.records[s].origin == "param" and flow.consumers[s] == [i] and ok(s)
+               for s in beside):
+            out.append(i)
+            out += [s for s in beside if s not in found]
+            found.update(beside)
+    return Projections(tuple(entry), tuple(inner), tuple(dict.fromkeys(out)))
+
+
+def _cross(flow: Flow, projections: Projections) -> bool:
+    """Whether the call's entry projections read different inputs (queries from one sequence, keys from another)."""
+    return len({flow.records[i].fed_by for i in projections.entry}) > 1
+
+
+# --- the structure: layers, their attention and FFNs, and what sits outside ---------------------------
 
 
 @dataclass(frozen=True)
 class Structure:
-    """What the model's structure says: its layers, their attention modules, and what sits outside.
+    """What the data flow and the model's structure say together.
 
     Attributes:
         layers: the repeated modules (elements of a ModuleList / Sequential) that run attention,
             ``""`` when the whole model is one layer.
-        attention: per layer, its children that run an attention core (the layer itself when
-            the attention runs in the layer's own forward).
-        inline: layers whose attention runs in their own forward: their projections and FFN
-            cannot be told apart.
-        outside: modules outside every layer that run attention (attention-pooling heads).
-        routers: per experts module, the number of experts.
-        bare: elements of the layers' containers that hold parameter products but run no attention
-            core (the state-space or recurrent layers of a hybrid model): their products count as
-            ``other``, their FFNs included.
-        parallel: elements of a list beside the attention layers' list, one per layer, that hold
-            parameter products and no attention (XLM's ``ffns`` beside its ``attentions``): the FFNs.
+        attention: per layer, its attention modules (the modules enclosing each call's cores and projections).
+        members: modules that belong to a layer without being inside it (an FFN block after an attention
+            block in one list, XLM's ``ffns[i]`` beside ``attentions[i]``) -> the layer.
+        outside: attention modules outside every layer (Perceiver IO's cross-attention, attention pooling).
+        experts: per experts module, the number of experts.
+        bare: elements beside the layers that hold products but run no core (the state-space or recurrent
+            layers of a hybrid model): their products, their FFNs included, are ``other``.
+        parts: per record, its part: ``attention_core``, ``attention_proj``, ``ffn``, ``other``, or
+            ``unplaced`` (a product of two activations in a layer that is no core).
+        groups: the attention calls (indices of their cores), and where each runs (its attention module).
+        warnings: what the data flow could not square with itself (see the module docstring).
     """
 
     layers: tuple[str, ...] = ()
     attention: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    inline: tuple[str, ...] = ()
+    members: Mapping[str, str] = field(default_factory=dict)
     outside: tuple[str, ...] = ()
     experts: Mapping[str, int] = field(default_factory=dict)
     bare: tuple[str, ...] = ()
-    parallel: tuple[str, ...] = ()
-    paired: tuple[str, ...] = ()  # layers whose FFN is a parallel element
+    parts: tuple[str, ...] = ()
+    groups: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def layer_of(self, scope: str) -> str | None:
+        """The layer *scope* runs in (through its members too), or None."""
+        for name in ancestors(scope):
+            if name in self.members:
+                return self.members[name]
+            if name in self.layers:
+                return name
+        return None
 
     def roles(self) -> dict[str, str]:
-        """Module -> role: every layer is ``ffn`` except its attention children (nearest role wins)."""
-        assigned: dict[str, str] = dict.fromkeys(self.parallel, "ffn")
-        for layer in self.layers:
-            assigned[layer] = "attention" if layer in self.inline else "ffn"
-            for module in self.attention.get(layer, ()):
-                assigned[module] = "attention"
+        """Module -> ``attention`` / ``ffn`` (the nearest wins): for the module table and timed ops."""
+        assigned: dict[str, str] = {**dict.fromkeys(self.layers, "ffn"), **dict.fromkeys(self.members, "ffn")}
+        for modules in (*self.attention.values(), self.outside):
+            assigned.update(dict.fromkeys(modules, "attention"))
         return assigned
 
 
-def find_structure(
-    records: Sequence[OpRecord], containers: Iterable[str], experts: Mapping[str, int] | None = None
-) -> Structure:
-    """Layers and attention modules from the module tree and the counted ops (no class names).
+def _elements(scope: str, boxes: frozenset[str]) -> list[str]:
+    """The elements of containers enclosing *scope*, innermost first."""
+    return [a for a in ancestors(scope) if a and _parent(a) in boxes]
 
-    A layer is the innermost element of a ``ModuleList`` / ``Sequential`` above an attention core
-    that also holds parameter products beside the child running the core (its FFN: a Swin stage
-    holds blocks, a T5 block holds a list of sublayers, a GPT block holds a list of heads);
-    failing that (attention-only stacks), the outermost such element. Without any such element, the innermost module with
-    parameter products beside its attention child; failing that, the whole model.
+
+def _beside(module: str, flow: Flow, placed: set[int]) -> bool:
+    """Whether *module* holds a parameter product that is no projection or core (an FFN beside attention)."""
+    return any(_within(flow.records[i].scope, module) for i in flow.params(flow.products) if i not in placed)
+
+
+def _layers(flow: Flow, homes: list[str], candidates: set[int], boxes: frozenset[str]) -> list[str | None]:
+    """Each attention call's layer: the innermost container element enclosing it that holds other parameter
+    products beside the projections; failing that (attention-only stacks) the outermost; None outside any.
+    Without any container element, the innermost module with such products, else the whole model."""
+    found: list[str | None] = []
+    for home in homes:
+        elements = _elements(home, boxes)
+        found.append(next((e for e in elements if _beside(e, flow, candidates)), elements[-1] if elements else None))
+    if homes and all(layer is None for layer in found):
+        found = [next((a for a in ancestors(home) if a != home and _beside(a, flow, candidates)), "") for home in homes]
+    return found
+
+
+def _small_mlp(element: str, flow: Flow) -> bool:
+    """An element that is an FFN block: a few parameter products and no product of two activations."""
+    inside = [i for i in flow.products if _within(flow.records[i].scope, element)]
+    return 0 < len(inside) <= 3 and all(flow.records[i].origin == "param" for i in inside)
+
+
+def _index(name: str) -> tuple[int, str]:
+    last = name.rpartition(".")[2]
+    return (int(last), "") if last.isdigit() else (0, last)
+
+
+def _members(flow: Flow, layers: dict[str, None], boxes: frozenset[str], candidates: set[int],
+             cross: dict[str, bool]) -> tuple[dict[str, str], list[str]]:
+    """Blocks that belong to attention-only layers without being inside them, and the bare elements of hybrids.
+
+    In a list whose attention layers hold nothing but attention (x-transformers keeps attention and FFN
+    blocks apart in one list), an FFN block, or a block of cross-attention, joins the attention layer
+    before it; in a list beside the layers' list (XLM's ``ffns`` beside ``attentions``), element i joins
+    layer i. Where the layers hold their own FFN, an element beside them that holds three products or more
+    and runs no core is a layer of another kind (a hybrid's state-space or recurrent layer): bare.
     """
-    # long: the layer, attention, hybrid and parallel-list rules read one another's findings in one place
-    boxes = frozenset(containers)
-
-    def child_of(module: str, scope: str) -> str:
-        # through containers: T5's block.0.layer (a ModuleList) holds layer.0 (attention) and layer.1 (FFN)
-        child = _child_towards(module, scope)
-        while child in boxes and child != scope:
-            child = _child_towards(child, scope)
-        return child
-
-    cores = core_scopes(records)
-    param_scopes = [r.scope for r in records if _is_product(r) and r.origin == "param"]
-    beneath: dict[str, list[str]] = {}  # module -> the parameter products' scopes within it (repeats kept)
-    for p in param_scopes:
-        for a in ancestors(p):
-            beneath.setdefault(a, []).append(p)
-    layer_of: dict[str, str | None] = {}
-    for scope in cores:
-        elements = [a for a in ancestors(scope) if a and _parent(a) in boxes]  # innermost first
-        chosen: str | None = None
-        for element in elements:
-            child = child_of(element, scope)
-            if child != element and any(not _within(p, child) for p in beneath.get(element, ())):
-                chosen = element
-                break
-        if chosen is None and elements:
-            chosen = elements[-1]  # an attention-only stack: the outermost element
-        layer_of[scope] = chosen
-    if not any(layer is not None for layer in layer_of.values()):
-        # no stack of layers: the innermost module with an FFN beside its attention, else the model
-        for scope in cores:
-            layer_of[scope] = next(
-                (a for a in ancestors(scope) if (child := child_of(a, scope)) != a
-                 and any(not _within(p, child) for p in beneath.get(a, ()))),
-                "",
-            )
-    layers: dict[str, None] = {}
-    attention: dict[str, dict[str, None]] = {}
-    inline: dict[str, None] = {}
-    outside: dict[str, None] = {}
-    for scope, layer in layer_of.items():
-        if layer is None:
-            outside.setdefault(scope, None)
-            continue
-        layers.setdefault(layer, None)
-        child = child_of(layer, scope)
-        if child == layer:
-            inline.setdefault(layer, None)
-        attention.setdefault(layer, {}).setdefault(child, None)
-    bare: dict[str, None] = {}
-    parallel: dict[str, None] = {}
-    paired: dict[str, None] = {}
+    members: dict[str, str] = {}
+    bare: list[str] = []
+    scopes = [flow.records[i].scope for i in flow.products]
+    cores = [flow.records[i].scope for group in flow.groups for i in group]
     for container in dict.fromkeys(_parent(layer) for layer in layers if layer and _parent(layer) in boxes):
-        mine = [layer for layer in layers if _parent(layer) == container]
-        indices = sorted(layer[len(container) + 1 if container else 0:] for layer in mine)
-        for sibling in sorted(boxes) if container else ():  # the root's list has no sibling lists
-            if sibling == container or _parent(sibling) != _parent(container):
-                continue
-            found = Counter(_child_towards(sibling, p) for p in beneath.get(sibling, ()) if p != sibling)
-            names = sorted(e[len(sibling) + 1 if sibling else 0:] for e in found)
-            # XLM's ffns[i] beside attentions[i]: one MLP (two products or more) per layer, no attention; and
-            # layers whose own parameter products are no more than an attention's projections (Q, K, V, O)
-            if (names == indices and min(found.values()) >= 2 and not any(_within(c, sibling) for c in cores)
-                    and all(len(beneath.get(layer, ())) <= 4 for layer in mine)):
-                parallel.update(dict.fromkeys(sorted(found)))
-                inline = {layer: None for layer in inline if _parent(layer) != container}
-                paired.update(dict.fromkeys(mine))
-        # elements beside the layers that run no attention but hold a layer's worth of products (a mixer
-        # and an MLP: three or more); a head or a norm kept in the same list is not a layer
-        others = Counter(_child_towards(container, p) for p in beneath.get(container, ()) if p != container)
-        for element, products in others.items():
-            if element not in layers and products >= 3 and not any(_within(c, element) for c in cores):
-                bare.setdefault(element, None)
-    return Structure(
-        layers=tuple(layers),
-        attention={layer: tuple(children) for layer, children in attention.items()},
-        inline=tuple(inline),
-        outside=tuple(outside),
-        experts=dict(experts or {}),
-        bare=tuple(bare),
-        parallel=tuple(parallel),
-        paired=tuple(paired),
-    )
+        mine = sorted((layer for layer in layers if _parent(layer) == container), key=_index)
+        children = sorted({_child(container, s) for s in scopes if _within(s, container) and s != container},
+                          key=_index)
+        if any(_beside(layer, flow, candidates) for layer in mine):
+            bare += [e for e in children if e not in layers and not any(_within(c, e) for c in cores)
+                     and sum(_within(s, e) for s in scopes) >= 3]
+            continue
+        owner: str | None = None
+        for element in children:
+            if element in layers and not (cross.get(element) and owner is not None):
+                owner = element
+            elif owner is not None and (element in layers or _small_mlp(element, flow)):
+                members[element] = owner
+        for sibling in sorted(b for b in boxes if container and b != container and _parent(b) == _parent(container)):
+            elements = sorted({_child(sibling, s) for s in scopes if _within(s, sibling) and s != sibling}, key=_index)
+            indices = [e.rpartition(".")[2] for e in elements]
+            if indices == [m.rpartition(".")[2] for m in mine] and not any(_within(c, sibling) for c in cores) and all(
+                    sum(_within(s, e) for s in scopes) >= 2 for e in elements):
+                members.update(zip(elements, mine))
+    return members, bare
+
+
+def _child(module: str, scope: str) -> str:
+    """The direct child of *module* on the way down to *scope*."""
+    rest = scope[len(module) + 1:] if module else scope
+    head = rest.split(".", 1)[0]
+    return f"{module}.{head}" if module else head
+
+
+def find_structure(records: Sequence[OpRecord], containers: Iterable[str], experts: Mapping[str, int] | None = None,
+                   outputs: Iterable[int] = ()) -> Structure:
+    """Layers, attention calls, projections and FFNs of a count, by data flow and structure (module docstring).
+
+    *outputs* are the products whose results reach the model's outputs (``RawCount.outputs``).
+    """
+    flow = Flow(records)
+    boxes = frozenset(containers)
+    homes = [_common(records[i].scope for i in group) for group in flow.groups]
+    found = [_projections(flow, group, None) for group in flow.groups]
+    candidates = {i for p in found for i in p.all} | set(flow.group_of)
+    layer_of = _layers(flow, homes, candidates, boxes)
+    layers = dict.fromkeys(layer for layer in layer_of if layer is not None)
+    cross = {layer: all(_cross(flow, p) for p, at in zip(found, layer_of) if at == layer) for layer in layers}
+    members, bare = _members(flow, layers, boxes, candidates, cross)
+    layers = {layer: None for layer in layers if layer not in members}
+    structure = Structure(layers=tuple(layers), members={m: members.get(o, o) for m, o in members.items()},
+                          experts=dict(experts or {}), bare=tuple(bare))
+    inside = {i for i in flow.products if structure.layer_of(records[i].scope) is not None}
+    projections: list[Projections] = []
+    attention: dict[str, dict[str, None]] = {}
+    outside: dict[str, None] = {}
+    groups: list[tuple[str, tuple[int, ...]]] = []
+    for group, home in zip(flow.groups, homes):
+        layer = structure.layer_of(home)
+        region = frozenset(i for i in inside if structure.layer_of(records[i].scope) == layer) if layer is not None \
+            else frozenset(flow.products) - inside
+        mine = _projections(flow, group, region)
+        projections.append(mine)
+        module = _common(records[i].scope for i in (*group, *mine.all))
+        if layer is not None and not _within(module, layer):
+            module = layer
+        (attention.setdefault(layer, {}) if layer is not None else outside)[module] = None
+        groups.append((module, tuple(group)))
+    structure = Structure(
+        layers=structure.layers, attention={layer: tuple(m) for layer, m in attention.items()},
+        members=structure.members, outside=tuple(outside), experts=structure.experts, bare=structure.bare,
+        groups=tuple(groups))
+    outs = {i for p, (module, _) in zip(projections, groups) if module in outside for i in p.out}
+    parts = _parts(flow, structure, projections, inside, outs, frozenset(outputs))
+    return dataclasses.replace(structure, parts=parts, warnings=tuple(_flow_warnings(flow, projections, parts, groups)))
+
+
+def _parts(flow: Flow, structure: Structure, projections: list[Projections], inside: set[int], outs: set[int],
+           outputs: frozenset[int]) -> tuple[str, ...]:
+    """Each record's part (see :attr:`Structure.parts`)."""
+    records = flow.records
+    parts = ["other"] * len(records)
+    for group, mine in zip(flow.groups, projections):
+        for i in group:
+            parts[i] = "attention_core"
+        for i in mine.all:
+            parts[i] = "attention_proj"
+    placed = {i for p in projections for i in p.all}
+    block_ffn = _outside_ffn(flow, [i for i in flow.params(flow.products) if i not in inside and i not in placed], outs,
+                             outputs)
+    for i in flow.products:
+        record = records[i]
+        if parts[i] != "other" or any(_within(record.scope, b) for b in structure.bare):
+            continue
+        if i in inside:
+            parts[i] = {"param": "ffn", "buffer": "other"}.get(record.origin, "unplaced")
+        elif i in block_ffn:
+            parts[i] = "ffn"
+    roles = structure.roles()
+    for i, record in enumerate(records):
+        if record.backward_of is not None and record.backward_of >= 0:
+            parts[i] = parts[record.backward_of]  # a gradient is placed with the product it differentiates
+        elif record.backward_of is not None and (is_product(record.op) or is_fused(record.op)):
+            part = product_part(role_of(record.scope, roles), is_fused(record.op), record.origin, False)
+            parts[i] = "other" if part == "unplaced" else part
+    return tuple(parts)
+
+
+def _outside_ffn(flow: Flow, free: list[int], outs: set[int], outputs: frozenset[int]) -> set[int]:
+    """The FFNs of attention blocks outside the layers: chains of parameter products that take an outside
+    attention's result and meet it again later, in a product or in the model's outputs (a residual around
+    them). A head that takes the result and never meets it again is no FFN."""
+    records = flow.records
+    found: set[int] = set()
+    for start in free:
+        if start in found or not records[start].fed_by & outs:
+            continue
+        chain, frontier = {start}, [start]
+        while frontier:
+            for user in flow.consumers[frontier.pop()]:
+                if user in free and user not in chain and records[user].fed_by <= chain:
+                    chain.add(user)
+                    frontier.append(user)
+        meetings = [records[user].fed_by for i in chain for user in flow.consumers[i] if user not in chain]
+        if any(sources & outs for sources in meetings) or (chain & outputs and outs & outputs):
+            found |= chain
+    return found
+
+
+def _flow_warnings(flow: Flow, projections: list[Projections], parts: Sequence[str],
+                   groups: Sequence[tuple[str, tuple[int, ...]]]) -> list[str]:
+    """The data flow's checks on itself (see the module docstring)."""
+    records = flow.records
+    found: list[str] = []
+    for (module, group), mine in zip(groups, projections):
+        for i in flow.params({s for c in group for s in records[c].fed_by}):
+            if parts[i] in ("ffn", "other"):
+                found.append(FFN_FEEDS_CORE_WARNING.format(module=records[i].scope, macs=records[i].macs,
+                                                           part=parts[i], attention=module or "the model"))
+        if not mine.entry:
+            found.append(NO_PROJECTION_WARNING.format(attention=module or "the model",
+                                                      macs=sum(records[i].macs for i in group)))
+        for i in mine.entry:
+            users = [u for u in flow.consumers[i] if parts[u] not in ("attention_core", "attention_proj")]
+            if users:
+                found.append(SHARED_PROJECTION_WARNING.format(module=records[i].scope, attention=module or "the model",
+                                                              macs=records[i].macs, other=records[users[0]].scope))
+    return list(dict.fromkeys(found))
+
+
+# --- roles given by the user ------------------------------------------------------------------------
 
 
 def explicit_roles(roles: Mapping[str, Iterable[str]], names: Sequence[str]) -> dict[str, str]:
@@ -319,18 +496,114 @@ def explicit_roles(roles: Mapping[str, Iterable[str]], names: Sequence[str]) -> 
 
 def role_of(scope: str, roles: Mapping[str, str]) -> str | None:
     """The role of the nearest enclosing module that has one."""
-    name = scope
-    while True:
-        role = roles.get(name)
-        if role is not None:
-            return role
-        if name == "":
-            return None
-        name = _parent(name)
+    return next((roles[name] for name in ancestors(scope) if name in roles), None)
+
+
+def product_part(role: str | None, fused: bool, origin: str, explicit: bool) -> str:
+    """Where a matrix product (or a fused attention op) goes, given its module's role.
+
+    ``attention_core``, ``attention_proj``, ``ffn``, ``other``, or ``unplaced``: a product of two
+    activations in an FFN module, which no rule can place (counted as ``other`` and warned about). With the
+    user's ``roles=`` (*explicit*) a fused attention op is a core wherever it runs and every product in an
+    FFN module is FFN. Used by the split of the user's roles and by measured time.
+    """
+    if fused:
+        return "attention_core" if role == "attention" or explicit else "other"
+    if role == "attention":
+        return {"param": "attention_proj", "buffer": "other"}.get(origin, "attention_core")
+    if role == "ffn":
+        return "ffn" if explicit else {"param": "ffn", "buffer": "other"}.get(origin, "unplaced")
+    return "other"
+
+
+def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
+                    ) -> tuple[list[str], list[tuple[str, tuple[int, ...]]]]:
+    """Each record's part by the user's roles, and the attention calls: chained cores, or a core alone."""
+    parts = []
+    for record in records:
+        product = is_product(record.op) or is_fused(record.op)
+        part = product_part(role_of(record.scope, roles), is_fused(record.op), record.origin, True) if product \
+            else "other"
+        parts.append("other" if part == "unplaced" else part)
+    cores = [i for i, part in enumerate(parts) if part == "attention_core" and records[i].backward_of is None]
+    chained = {i: group for group in Flow(records).groups for i in group if all(parts[j] == "attention_core" for j in group)}
+    groups: dict[tuple[int, ...], None] = {tuple(chained.get(i, [i])): None for i in cores}
+    return parts, [(_root(records[g[0]].scope, roles), g) for g in groups]
+
+
+def _root(scope: str, roles: Mapping[str, str]) -> str:
+    """The outermost attention module enclosing *scope* (the scope itself if none)."""
+    return next((name for name in reversed(ancestors(scope)) if roles.get(name) == "attention"), scope)
+
+
+# --- the split -----------------------------------------------------------------------------------------
+
+
+def split(
+    records: Sequence[OpRecord],
+    roles: Mapping[str, str],
+    causal_modules: frozenset[str] | None = None,
+    structure: Structure | None = None,
+    bidirectional: frozenset[str] = frozenset(),
+) -> Split:
+    """Sum the records by part: the *structure*'s (data flow), or by the user's *roles* (module -> role).
+
+    With *causal_modules* (``causal="half"``), the cores of causal self-attention count the half triangle:
+    those of these modules, and those whose record says they ran under a causal mask. Cores of
+    *bidirectional* modules (``is_causal=False``: an encoder's padding mask or position bias) stay in full
+    without a word.
+    """
+    if structure is not None:
+        parts, groups = list(structure.parts), list(structure.groups)
+    else:
+        parts, groups = _explicit_parts(records, roles)
+    result = Split()
+    experts = structure.experts if structure is not None else {}
+    routers = {r.scope for i, r in enumerate(records) if experts and parts[i] == "ffn" and _router(r, experts)}
+    layer_at: dict[str, str | None] = {}  # per scope: records share scopes, layers are per module
+    for index, record in enumerate(records):
+        part, macs = parts[index], record.macs
+        if part == "unplaced":
+            result.unplaced[record.scope] = result.unplaced.get(record.scope, 0) + macs
+            part = "other"
+        if part == "attention_core" and causal_modules is not None:
+            macs = _counted_core(record, causal_modules, bidirectional, result)
+        setattr(result, part, getattr(result, part) + macs)
+        if part == "ffn" and record.scope in routers:
+            result.ffn_router += macs
+        if structure is None or part == "other":
+            continue
+        if record.scope not in layer_at:
+            layer_at[record.scope] = structure.layer_of(record.scope)
+        layer = layer_at[record.scope]
+        if layer is None:
+            result.outside[part] = result.outside.get(part, 0) + macs
+        elif part == "ffn":
+            result.layer_ffn[layer] = result.layer_ffn.get(layer, 0) + macs
+    result.attention_modules = list(dict.fromkeys(module for module, _ in groups))
+    for module, group in groups:
+        if structure is None or module not in structure.outside:
+            lengths = _lengths([records[i] for i in group])
+            if lengths is not None:
+                result.lengths.append(lengths)
+    return result
+
+
+def _counted_core(record: OpRecord, causal_modules: frozenset[str], bidirectional: frozenset[str],
+                  result: Split) -> int:
+    """A core's MACs under ``causal="half"``: the half triangle where it is causal self-attention."""
+    mask = record.mask
+    if mask == "causal" or any(name in causal_modules for name in ancestors(record.scope)):
+        halved = _half(record)
+        result.halved |= halved != record.macs
+        return halved
+    if mask == "unknown" and not any(name in bidirectional for name in ancestors(record.scope)):
+        result.unknown_masks[record.scope] = result.unknown_masks.get(record.scope, 0) + record.macs
+    return record.macs
 
 
 def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
-    """(queries, keys, batch x heads) seen by one attention module's core ops.
+    """(queries, keys, batch x heads) seen by one attention call's cores.
 
     Softmax attention's scores ``[.., n, m]`` feed AV as its first operand; otherwise the last
     core product's output is ``[.., n, d]`` (linear attention's Q (K^T V), fused attention); the keys are sdpa's
@@ -340,7 +613,7 @@ def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
     if len(last.out_shape) < 2:
         return None
     queries, leading = last.out_shape[-2], math.prod(last.out_shape[:-2])
-    if not _is_fused(first) and len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,):
+    if not is_fused(first.op) and len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,):
         # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd")
         queries, leading = first.out_shape[-2], math.prod(first.out_shape[:-2])
     if first.op in SDPA_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
@@ -350,16 +623,6 @@ def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
     else:
         keys = queries
     return queries, keys, leading
-
-
-def _causal(scope: str, causal_modules: frozenset[str]) -> bool:
-    name = scope
-    while True:
-        if name in causal_modules:
-            return True
-        if name == "":
-            return False
-        name = _parent(name)
 
 
 def _half(record: OpRecord) -> int:
@@ -389,131 +652,19 @@ def _router(record: OpRecord, experts: Mapping[str, int]) -> bool:
     return False
 
 
-def product_part(role: str | None, fused: bool, origin: str, explicit: bool) -> str:
-    """Where a matrix product (or a fused attention op) goes, given its module's role.
-
-    ``attention_core``, ``attention_proj``, ``ffn``, ``other``, or ``unplaced``: a product of two
-    activations in an FFN found by structure, which no rule can place (counted as ``other`` and
-    warned about). With the user's ``roles=`` (*explicit*) a fused attention op is a core wherever
-    it runs and every product in an FFN module is FFN. Shared by the split and by measured time.
-    """
-    if fused:
-        return "attention_core" if role == "attention" or explicit else "other"
-    if role == "attention":
-        return {"param": "attention_proj", "buffer": "other"}.get(origin, "attention_core")
-    if role == "ffn":
-        return "ffn" if explicit else {"param": "ffn", "buffer": "other"}.get(origin, "unplaced")
-    return "other"
-
-
-def split(
-    records: Iterable[OpRecord],
-    roles: Mapping[str, str],
-    causal_modules: frozenset[str] | None = None,
-    structure: Structure | None = None,
-    bidirectional: frozenset[str] = frozenset(),
-) -> Split:
-    """Sum the records by role; with *causal_modules* (``causal="half"``), core ops of causal
-    self-attention count the half triangle: those of these modules, and those whose record
-    says they ran under a causal mask.
-
-    *roles* maps modules to ``attention`` / ``ffn`` (nearest enclosing module wins). With a
-    *structure* (automatic detection) the rules are strict: a fused attention op outside the
-    attention modules is ``other`` (an attention-pooling head), and a product of two
-    activations outside them cannot be placed (``other``, listed in ``Split.unplaced``). With
-    the user's ``roles=`` a fused attention op is a core wherever it runs. Cores of *bidirectional*
-    modules (``is_causal=False``: an encoder's padding mask or position bias) stay in full without a word.
-    """
-    # long: one pass over the records; routers, roots, layers and groups are looked up once per scope in it
-    result = Split()
-    seen_modules: dict[str, None] = {}
-    groups: list[tuple[str, list[OpRecord]]] = []
-    layers = structure.layers if structure is not None else ()
-    experts = structure.experts if structure is not None else {}
-    records = list(records)
-    # a router's module: its backward products (train mode) belong to it too
-    routers = {r.scope for r in records if experts and _is_product(r) and r.origin == "param" and _router(r, experts)}
-    role_at: dict[str, str | None] = {}  # per scope: records share scopes, roles are per module
-    layer_at: dict[str, str | None] = {}
-    root_at: dict[str, str] = {}
-    for record in records:
-        role = role_at.get(record.scope, "")
-        if role == "":
-            role = role_at[record.scope] = role_of(record.scope, roles)
-        macs = record.macs
-        router = False
-        if _is_fused(record) or _is_product(record):
-            bucket = product_part(role, _is_fused(record), record.origin, explicit=structure is None)
-            router = bucket == "ffn" and record.scope in routers  # routers: only with a structure
-        else:
-            bucket = "other"
-        if bucket == "unplaced":
-            result.unplaced[record.scope] = result.unplaced.get(record.scope, 0) + macs
-            bucket = "other"
-        if bucket == "attention_core" and causal_modules is not None:
-            mask = getattr(record, "mask", "")
-            if mask == "causal" or _causal(record.scope, causal_modules):
-                halved = _half(record)
-                result.halved |= halved != macs
-                macs = halved
-            elif mask == "unknown" and not _causal(record.scope, bidirectional):  # bidirectional: full is right
-                result.unknown_masks[record.scope] = result.unknown_masks.get(record.scope, 0) + macs
-        setattr(result, bucket, getattr(result, bucket) + macs)
-        if router:
-            result.ffn_router += macs
-        if bucket == "ffn" and layers:
-            if record.scope not in layer_at:
-                layer_at[record.scope] = next((name for name in layers if _within(record.scope, name)), None)
-            layer = layer_at[record.scope]
-            if layer is not None:
-                result.layer_ffn[layer] = result.layer_ffn.get(layer, 0) + macs
-        if role == "attention":
-            if record.scope not in root_at:
-                root_at[record.scope] = _attention_root(record.scope, roles)
-            root = root_at[record.scope]
-            seen_modules.setdefault(root, None)
-        else:
-            root = record.scope
-        if bucket == "attention_core":
-            # consecutive core ops of one module call form a group (QK^T then AV)
-            if groups and groups[-1][0] == root and not _is_fused(record):
-                groups[-1][1].append(record)
-            else:
-                groups.append((root, [record]))
-    result.attention_modules = list(seen_modules)
-    for _, group in groups:
-        lengths = _lengths(group)
-        if lengths is not None:
-            result.lengths.append(lengths)
-    return result
-
-
-def _attention_root(scope: str, roles: Mapping[str, str]) -> str:
-    """The outermost attention module enclosing *scope*."""
-    found = scope
-    name = scope
-    while True:
-        if roles.get(name) == "attention":
-            found = name
-        if name == "":
-            return found
-        name = _parent(name)
-
-
 def structure_warnings(parts: Split, structure: Structure | None, records: Sequence[OpRecord], spec: ModelSpec | None,
                        name: str) -> list[str]:
     """What makes a split doubtful, each naming the module, the MACs and the cause."""
     found = [UNPLACED_WARNING.format(module=module, macs=macs) for module, macs in parts.unplaced.items()]
     found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs) for module, macs in parts.unknown_masks.items()]
     if structure is not None:
-        for layer in structure.inline:
-            if spec is None or spec.ffn_dim > 0:
-                macs = sum(r.macs for r in records if r.origin == "param" and _within(r.scope, layer))
-                found.append(INLINE_WARNING.format(module=layer or name, macs=macs))
+        found += structure.warnings
+        without = [layer for layer in structure.layers if not parts.layer_ffn.get(layer)]
         if spec is not None and (spec.ffn_dim > 0 or spec.moe):
-            found += [NO_FFN_WARNING.format(module=layer or name, ffn_dim=spec.ffn_dim)
-                      for layer in structure.layers if layer not in structure.inline and layer not in structure.paired
-                      and not parts.layer_ffn.get(layer)]
+            found += [NO_FFN_WARNING.format(module=layer or name, ffn_dim=spec.ffn_dim) for layer in without]
+        elif without and len(without) < len(structure.layers):
+            found += [LAYER_NO_FFN_WARNING.format(module=layer or name, others=len(structure.layers) - len(without))
+                      for layer in without]
         if structure.bare:
             macs = sum(r.macs for r in records if any(_within(r.scope, b) for b in structure.bare))
             shown = ", ".join(structure.bare[:3]) + (", ..." if len(structure.bare) > 3 else "")
@@ -521,3 +672,12 @@ def structure_warnings(parts: Split, structure: Structure | None, records: Seque
     if parts.attention_modules and parts.attention_core == 0 and (spec is None or spec.heads):
         found.append(NO_CORE_WARNING.format(modules=", ".join(parts.attention_modules[:3])))
     return found
+
+
+def outside_note(parts: Split, structure: Structure | None) -> str | None:
+    """The note naming attention outside the repeated layers, with its MACs (None where there is none)."""
+    if structure is None or not structure.outside or not parts.outside:
+        return None
+    shown = ", ".join(structure.outside[:3]) + (", ..." if len(structure.outside) > 3 else "")
+    return OUTSIDE_NOTE.format(modules=shown, core=parts.outside.get("attention_core", 0),
+                               proj=parts.outside.get("attention_proj", 0), ffn=parts.outside.get("ffn", 0))

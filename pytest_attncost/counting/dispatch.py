@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from .. import one_run
 from ..errors import CountError
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
 from .masks import MASK_PASS, SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, sdpa_label
-from .repeats import SHORTCUT, NotRepeating, Repeats, Run, moved, rename
+from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
 from .twin import no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["at_lengths", "count_forward_torch", "module_totals"]
@@ -107,6 +107,9 @@ def _extra_formulas() -> dict[Any, Callable[..., int]]:
 _MASKED_PRODUCTS = {op: product.operands for op, product in PRODUCTS.items() if product.macs is not None}
 
 
+_NOTHING: frozenset[int] = frozenset()
+
+
 def _named_args(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The op's arguments by their schema names (first overload)."""
     try:
@@ -149,6 +152,7 @@ class _TorchRecorder:
         self.node_records: dict[int, int] = {}  # autograd sequence nr -> forward record index
         self.backward_of: dict[int, int] = {}  # backward record index -> forward record index
         self.patterns: Any = WeakTensorKeyDictionary()
+        self.reach: Any = WeakTensorKeyDictionary()  # tensor -> the products whose results reach it
         self.flows: Any = WeakTensorKeyDictionary()  # scores -> (forward record indices, labels)
         self.labels: dict[int, list[str]] = {}
         # tensors made from a parameter by indexing or reshaping (experts picked per token)
@@ -174,18 +178,34 @@ class _TorchRecorder:
             self.calls[self.stack.pop()][1] = self.sequence_nr()
 
     def copy_layer(self, run: Run, name: str) -> Any:
-        """A repeated layer's call: the second layer's records, renamed, here; its output returned."""
+        """A repeated layer's call: the second layer's records, renamed, here; its output returned, reached by
+        the copy's records as the second layer's output was by its own (see repeats.transported)."""
         second = run.names[1]
+        (start0, _), (end0, _) = run.calls[0][5:7]
         (start, before), (end, after) = run.calls[1][5:7]
-        first = len(self.records)
+        first_layer, second_layer = list(range(start0, end0)), list(range(start, end))
+        if run.passes is None:
+            run.passes = passes_through(self.records, first_layer, second_layer)
+        layers = [first_layer, second_layer, *(list(range(s, e)) for r, _, s, e in self.copies if r is run)]
+        copy = list(range(len(self.records), len(self.records) + end - start))
+
+        def moved_to(sources: Sequence[int]) -> tuple[int, ...]:
+            return transported(sources, first_layer, second_layer, layers, copy, bool(run.passes), lambda s: (s,))
+
         for index in range(start, end):
             if index in self.labels:
                 self.labels[len(self.records)] = list(self.labels[index])
             record = self.records[index]
-            self.records.append(dataclasses.replace(record, scope=rename(record.scope, second, name) or record.scope))
+            self.records.append(copied(record, second, name, tuple(moved_to(operand) for operand in record.sources)))
         self.unsupported.update(after - before)
-        self.copies.append((run, name, first, len(self.records)))
-        return run.calls[1][2]
+        self.copies.append((run, name, copy[0] if copy else len(self.records), len(self.records)))
+
+        def output(tensor: torch.Tensor) -> torch.Tensor:
+            alias = torch.ops.aten.alias(tensor)
+            self.reach[alias] = frozenset(moved_to(sorted(self.reach.get(tensor, _NOTHING))))
+            return alias
+
+        return pytree.tree_map(lambda leaf: output(leaf) if isinstance(leaf, torch.Tensor) else leaf, run.calls[1][2])
 
     def check_copies(self, records: list[OpRecord]) -> None:
         """The first two layers alike, and every copy equal to the second layer as it finally stands."""
@@ -195,12 +215,11 @@ class _TorchRecorder:
             first, second = run.names[:2]
             (start0, _), (end0, _) = run.calls[0][5:7]
             (start1, _), (end1, _) = run.calls[1][5:7]
-            block = records[start1:end1]
-            if moved(records[start0:end0], first, second) != block:
+            if not alike(records, list(range(start0, end0)), list(range(start1, end1)), first, second):
                 raise NotRepeating
         for run, name, start, end in self.copies:
             (start1, _), (end1, _) = run.calls[1][5:7]
-            if records[start:end] != moved(records[start1:end1], run.names[1], name):
+            if not alike(records, list(range(start1, end1)), list(range(start, end)), run.names[1], name):
                 raise NotRepeating
 
     def remove_hooks(self) -> None:
@@ -246,7 +265,7 @@ class _TorchRecorder:
             if _multiplies(op):
                 self.unsupported[op] += 1
             if node is None:
-                self._track(op, out, args, kwargs)
+                self._track(op, out, args, kwargs, self._reached(args, kwargs))
             return
         flops = formula(*args, **kwargs, out_val=out)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -261,10 +280,12 @@ class _TorchRecorder:
                 self.backward_of[index] = source
             else:
                 scope, origin = self.scope_of_node(node._sequence_nr()), self.origin(tensors)
-            self.records.append(OpRecord(op, scope, _macs(flops), origin, shapes, out_shape))
+            self.records.append(OpRecord(op, scope, _macs(flops), origin, shapes, out_shape,
+                                         backward_of=-1 if source is None else source))
             return
         origin = "param" if op in PRODUCTS and PRODUCTS[op].packed else self.origin(tensors)
-        self.records.append(OpRecord(op, self.scope(), _macs(flops), origin, shapes, out_shape))
+        self.records.append(OpRecord(op, self.scope(), _macs(flops), origin, shapes, out_shape,
+                                     sources=self._operand_sources(args)))
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             # autograd created this op's node just before dispatching it: the latest sequence number
             self.node_records.setdefault(self.sequence_nr() - 1, index)
@@ -282,10 +303,32 @@ class _TorchRecorder:
                 self.labels[index] = [label for _, labels in upstream for label in labels]
             elif isinstance(first, torch.Tensor):
                 self.flows[first] = ((index,), ())
-        self._track(op, out, args, kwargs)
+        self._track(op, out, args, kwargs, frozenset((index,)))
 
-    def _track(self, op: str, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Follow mask patterns, attention scores and parameters through the forward ops."""
+    def _operand_sources(self, args: tuple[Any, ...]) -> tuple[tuple[int, ...], ...]:
+        """Per tensor argument, the products whose results reach it."""
+        return tuple(tuple(sorted(self.reach.get(t, _NOTHING))) for value in args
+                     for t in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(t, torch.Tensor))
+
+    def _reached(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> frozenset[int]:
+        """The products whose results reach these arguments (through ops that are no products)."""
+        found: frozenset[int] = _NOTHING
+        for value in (*args, *kwargs.values()):
+            for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(tensor, torch.Tensor):
+                    reached = self.reach.get(tensor)
+                    if reached and not reached <= found:
+                        found = reached if not found else found | reached
+        return found
+
+    def _track(self, op: str, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               reached: frozenset[int]) -> None:
+        """Follow the data (which products reach each tensor), mask patterns, attention scores and parameters
+        through the forward ops."""
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and (reached or tensor in self.reach):
+                # values only: a mask or an index carries no product's result
+                self.reach[tensor] = reached if tensor.is_floating_point() or tensor.is_complex() else _NOTHING
         first = out[0] if isinstance(out, (tuple, list)) and out else out
         if not isinstance(first, torch.Tensor):
             return
@@ -433,18 +476,8 @@ def _fake(mode: Any, leaf: Any, made: dict[int, Any]) -> Any:
 
 def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
                recorder: _TorchRecorder) -> RawCount:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     counter = _torch_counter(recorder)
-    # Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer).
-    swept = fake and one_run.swept((args, kwargs))
-    mode: Any = (_memo_mode()(allow_non_fake_inputs=True) if swept else FakeTensorMode(allow_non_fake_inputs=True)
-                 if fake else contextlib.nullcontext())
-    if swept:
-        mode.cache_enabled = False  # its keys want sympy expressions; a swept length has values instead
-        # torch's C++ meta kernels compute with a swept length's values as with any size; fake tensors would
-        # otherwise take the Python decompositions made for sympy sizes (the same shapes, several times slower)
-        mode.cpp_meta_supports_symint = lambda func: True
+    mode = _mode(fake, fake and one_run.swept((args, kwargs)))
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
@@ -479,16 +512,41 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         recorder.remove_hooks()
+    return _raw(model, recorder, output)
+
+
+def _mode(fake: bool, swept: bool) -> Any:
+    """Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not fake:
+        return contextlib.nullcontext()
+    if not swept:
+        return FakeTensorMode(allow_non_fake_inputs=True)
+    mode = _memo_mode()(allow_non_fake_inputs=True)
+    mode.cache_enabled = False  # its keys want sympy expressions; a swept length has values instead
+    # torch's C++ meta kernels compute with a swept length's values as with any size; fake tensors would
+    # otherwise take the Python decompositions made for sympy sizes (the same shapes, several times slower)
+    mode.cpp_meta_supports_symint = lambda func: True
+    return mode
+
+
+def _raw(model: nn.Module, recorder: _TorchRecorder, output: Any) -> RawCount:
+    """The count a run made: its records (copies checked), totals, and what reaches the outputs."""
     records = recorder.finish()
     if recorder.repeats is not None:
         recorder.check_copies(records)
+    returned: list[torch.Tensor] = []
+    tensor_leaves(output, returned)
+    outputs = tuple(sorted(frozenset().union(*(recorder.reach.get(t, _NOTHING) for t in returned))))
     classes = {name: type(module).__name__ for name, module in model.named_modules()}
     copied = tuple(name for _, name, _, _ in recorder.copies)
     if any(isinstance(r.macs, torch.SymInt) for r in records):  # several lengths: summed per length by at_lengths
         return RawCount(total=0, records=records, unsupported_ops=recorder.unsupported, by_module={},
-                        module_names=classes, copied_layers=copied)
+                        module_names=classes, copied_layers=copied, outputs=outputs)
     return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=recorder.unsupported,
-                    by_module=module_totals(records, list(classes)), module_names=classes, copied_layers=copied)
+                    by_module=module_totals(records, list(classes)), module_names=classes, copied_layers=copied,
+                    outputs=outputs)
 
 
 def module_totals(records: list[OpRecord], names: list[str],

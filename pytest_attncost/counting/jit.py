@@ -11,9 +11,10 @@ parameter), and a mask label on every attention product, read from the traced gr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from numbers import Number
 from typing import Any
 
@@ -24,7 +25,8 @@ from torch.utils import _pytree as pytree
 from ..errors import CountError
 from ..ops import MASK_UNKNOWN, PRODUCTS, SDPA_OPS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, is_product, short
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, sdpa_label
-from .repeats import SHORTCUT, NotRepeating, Repeats, Run, block, moved, rename
+from .repeats import (SHORTCUT, NotRepeating, Repeats, Run, alike, copied, layer_records, passes_through, rename,
+                      transported)
 from .twin import drop_hooks, no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["EXTRA_HANDLES", "count_forward"]
@@ -92,6 +94,46 @@ class _TraceContext:
         self.state_names = list(state)
         self.buffer_masks: Mapping[str, Pattern] = buffer_masks or {}
         self.masks = _GraphMasks(self)
+        self.produced: dict[str, int] = {}  # value name -> the index of the product record that made it
+        self.reach: dict[str, frozenset[int]] = {}  # value name -> the products whose results reach it
+
+    def sources(self, values: list[Any]) -> tuple[int, ...]:
+        """The products whose results reach *values* through ops that are no products (memoised per value)."""
+        found: set[int] = set()
+        for value in values:
+            found |= self._reach(value)
+        return tuple(sorted(found))
+
+    def _reach(self, start: Any) -> frozenset[int]:
+        memo, stack = self.reach, [start]
+        while stack:  # iterative: a residual stream is a long chain of additions
+            value = stack[-1]
+            key = value.debugName()
+            if key in memo:
+                stack.pop()
+                continue
+            if key in self.produced:
+                memo[key] = frozenset((self.produced[key],))
+                stack.pop()
+                continue
+            node = value.node()
+            # values only: a size read off a tensor (aten::size feeding a view), a mask or an index carries no
+            # product's result
+            data = node.kind() not in ("prim::Param", "prim::Constant") and _floating(value)
+            inputs = [item for item in node.inputs() if "Tensor" in str(item.type())] if data else []
+            pending = [item for item in inputs if item.debugName() not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            reached = [memo[item.debugName()] for item in inputs]
+            memo[key] = reached[0] if len(reached) == 1 else frozenset().union(*reached)
+            stack.pop()
+        return memo[start.debugName()]
+
+    def made(self, index: int, outputs: list[Any]) -> None:
+        """The outputs of a product (record *index*): where the walk back from a later operand stops."""
+        for value in outputs:
+            self.produced[value.debugName()] = index
 
     def state_name(self, value: Any) -> str | None:
         """The dotted name (relative to the user's model) of a graph input that is state."""
@@ -115,6 +157,15 @@ class _TraceContext:
                 return "activation"
             value = next(iter(node.inputs()))
         return "activation"
+
+
+_NOT_VALUES = frozenset({"Bool", "Byte", "Char", "Short", "Int", "Long"})
+
+
+def _floating(value: Any) -> bool:
+    """Not a tensor of booleans or integers (masks, indices), as far as the trace tells."""
+    kind = value.type()
+    return kind.kind() != "TensorType" or kind.scalarType() not in _NOT_VALUES
 
 
 def _scope_of(node: Any) -> str:
@@ -155,10 +206,14 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
         mask = ""
         if op in SDPA_OPS or (origin == "activation" and is_product(op)):
             mask = ctx.masks.label(op, inputs, outputs, operands)
+        product = is_product(op) or op in SDPA_OPS
+        sources = tuple(ctx.sources([v]) for v in operands if v.type().kind() == "TensorType") if product else ()
         ctx.records.append(OpRecord(
             op=op, scope=_scope_of(out.node()), macs=count, origin=origin, shapes=shapes, out_shape=out_shape,
-            mask=mask,
+            mask=mask, sources=sources,
         ))
+        if product:
+            ctx.made(len(ctx.records) - 1, outputs)
         return value
 
     return wrapped
@@ -305,6 +360,7 @@ class _Harness(nn.Module):
         self._leaves = leaves
         self._positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
         self._seen: list[torch.Tensor] = []
+        self.n_outputs = 0
         for module in model.modules():
             module.register_forward_hook(self._keep)
 
@@ -322,6 +378,7 @@ class _Harness(nn.Module):
         self._seen = []
         outputs: list[torch.Tensor] = []
         tensor_leaves(self.model(*args, **kwargs), outputs)
+        self.n_outputs = len(outputs)  # the model's own; the submodules' follow
         return tuple(outputs + self._seen)
 
 
@@ -397,6 +454,7 @@ def _count_forward(
 
 
 _MARKER = "<repeat>"  # where a copied layer was called, in graph order
+_OUTPUTS = "<outputs>"  # the model's outputs, last: what reaches them (sources move with the copies like any)
 
 
 def _aliased_output(run: Run, name: str) -> Any:
@@ -404,6 +462,37 @@ def _aliased_output(run: Run, name: str) -> Any:
     # where the copied records go (and a view, so origins and masks pass through it).
     return pytree.tree_map(lambda leaf: torch.ops.aten.alias(leaf) if isinstance(leaf, torch.Tensor) else leaf,
                            run.calls[1][2])
+
+
+def _handles(analysis: Any, ctx: _TraceContext, harness: _Harness, default_ops: Mapping[str, Handle],
+             repeats: Repeats | None) -> tuple[list[tuple[int, ...]], Counter[str]]:
+    """Install the handles on *analysis*: every counted op recorded, what reaches the model's outputs kept
+    (returned), and with *repeats* the marker of each copied layer (aliases: the model's own)."""
+    handles = {**default_ops, **EXTRA_HANDLES}
+    analysis.set_op_handle(**{op: _recording(op, handle, ctx) for op, handle in handles.items()})
+    returned: list[tuple[int, ...]] = []
+
+    def outputs_of(inputs: list[Any], outputs: list[Any]) -> int:
+        if any(use.user.kind() == "prim::Return" for use in outputs[0].uses()):  # the harness's result
+            returned[:] = [ctx.sources(inputs[:harness.n_outputs])]
+        return 0
+
+    analysis.set_op_handle(**{"prim::TupleConstruct": outputs_of})
+    aliases: Counter[str] = Counter()
+    if repeats is not None:
+        def marker(inputs: list[Any], outputs: list[Any]) -> int:
+            scope = _scope_of(outputs[0].node())
+            if scope in repeats.stub_of():
+                # what the copied layer returns stands for its output: later ops reach the marker, the marker
+                # reaches what the second layer's output reached
+                ctx.records.append(OpRecord(_MARKER, scope, 0, "activation", (), sources=(ctx.sources(inputs[:1]),)))
+                ctx.made(len(ctx.records) - 1, outputs)
+            else:
+                aliases["aten::alias"] += 1  # the model's own: unsupported, as fvcore reports it
+            return 0
+
+        analysis.set_op_handle(**{"aten::alias": marker})
+    return returned, aliases
 
 
 def _trace(
@@ -415,19 +504,7 @@ def _trace(
     ctx = _TraceContext(harness, len(inputs), buffer_masks)
     analysis = flop_count_analysis(harness, inputs)
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
-    handles = {**default_ops, **EXTRA_HANDLES}
-    analysis.set_op_handle(**{op: _recording(op, handle, ctx) for op, handle in handles.items()})
-    aliases: Counter[str] = Counter()
-    if repeats is not None:
-        def marker(inputs: list[Any], outputs: list[Any]) -> int:
-            scope = _scope_of(outputs[0].node())
-            if scope in repeats.stub_of():
-                ctx.records.append(OpRecord(_MARKER, scope, 0, "activation", ()))
-            else:
-                aliases["aten::alias"] += 1  # the model's own: unsupported, as fvcore reports it
-            return 0
-
-        analysis.set_op_handle(**{"aten::alias": marker})
+    returned, aliases = _handles(analysis, ctx, harness, default_ops, repeats)
     with _counting_environment():
         try:
             total = analysis.total()
@@ -451,14 +528,16 @@ def _trace(
     by_module = {"" if name == "model" else name[len("model."):]: int(value)
                  for name, value in by_module_raw.items() if name}
     records = ctx.records
+    ctx.records.append(OpRecord(_OUTPUTS, "", 0, "activation", (), sources=(returned[0] if returned else (),)))
     if repeats is not None and repeats.stub_of():
         records, extra = _expand_markers(records, repeats, by_module)
         total += extra
+    *records, returns = records
     classes = {name: type(module).__name__ for name, module in model.named_modules()}
     copied = tuple(repeats.stub_of()) if repeats is not None else ()
     return RawCount(
         total=int(total), records=records, unsupported_ops=unsupported, by_module=by_module, module_names=classes,
-        copied_layers=copied,
+        copied_layers=copied, outputs=tuple(sorted(returns.fed_by)),
     )
 
 
@@ -481,35 +560,83 @@ def _untraceable(model: nn.Module, exc: Exception) -> CountError:
     )
 
 
+def _placement(records: list[OpRecord], stubs: Mapping[str, Run], second_of: Mapping[str, list[int]]
+               ) -> tuple[list[tuple[int, str | None]], dict[int, int], dict[str, list[int]], dict[str, list[str]],
+                          dict[int, str]]:
+    """Where each record goes once the markers are expanded: the new list as (old index, the copy it is made for
+    or None), the kept records' new indices, each copy's new indices, the copies of its run before each copy,
+    and each marker's copied layer."""
+    placement: list[tuple[int, str | None]] = []
+    new_of: dict[int, int] = {}  # old index of a kept record -> its new index
+    copy_at: dict[str, list[int]] = {}  # copied layer -> the new indices of its records
+    earlier: dict[str, list[str]] = {}  # copied layer -> the copies of its run placed before it
+    made: dict[str, list[str]] = {}  # second layer -> the copies of its run so far
+    marker_of: dict[int, str] = {}  # old index of a marker -> its copied layer
+    for old, record in enumerate(records):
+        if record.op != _MARKER:
+            new_of[old] = len(placement)
+            placement.append((old, None))
+            continue
+        marker_of[old] = record.scope
+        if record.scope in copy_at:
+            continue
+        second = stubs[record.scope].names[1]
+        earlier[record.scope] = list(made.setdefault(second, []))
+        made[second].append(record.scope)
+        copy_at[record.scope] = list(range(len(placement), len(placement) + len(second_of[second])))
+        placement += [(i, record.scope) for i in second_of[second]]
+    if set(copy_at) != set(stubs):
+        raise NotRepeating
+    return placement, new_of, copy_at, earlier, marker_of
+
+
 def _expand_markers(records: list[OpRecord], repeats: Repeats, by_module: dict[str, int]) -> tuple[list[OpRecord], int]:
     """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module.
+
+    Sources move with the records (:func:`.repeats.transported`); what reached a marker reaches the copy's
+    records that the second layer's output came from.
 
     Raises NotRepeating if the first two layers' records differ, or a copied layer left no marker.
     """
     stubs = repeats.stub_of()
-    blocks: dict[str, list[OpRecord]] = {}
+    first_of: dict[str, list[int]] = {}  # second layer -> the first layer's records
+    second_of: dict[str, list[int]] = {}  # second layer -> its own records
+    passes: dict[str, bool] = {}
     for run in repeats.runs:
         if run.replicated:
-            first, second = run.names[:2]
-            blocks[second] = block(records, second)
-            if moved(block(records, first), first, second) != blocks[second]:
+            one, two = run.names[:2]
+            first_of[two], second_of[two] = layer_records(records, one), layer_records(records, two)
+            if not alike(records, first_of[two], second_of[two], one, two):
                 raise NotRepeating
-    out: list[OpRecord] = []
-    placed: set[str] = set()
-    for record in records:
-        if record.op != _MARKER:
-            out.append(record)
-        elif record.scope not in placed:
-            placed.add(record.scope)
-            out += moved(blocks[stubs[record.scope].names[1]], stubs[record.scope].names[1], record.scope)
-    if placed != set(stubs):
-        raise NotRepeating
+            passes[two] = passes_through(records, first_of[two], second_of[two])
+    placement, new_of, copy_at, earlier, marker_of = _placement(records, stubs, second_of)
+
+    def moved_to(copy: str, sources: Sequence[int]) -> tuple[int, ...]:
+        second = stubs[copy].names[1]
+        before = [[new_of[i] for i in first_of[second]], [new_of[i] for i in second_of[second]],
+                  *(copy_at[c] for c in earlier[copy])]
+        return transported(sources, first_of[second], second_of[second], before, copy_at[copy], passes[second],
+                           mapped)
+
+    def mapped(source: int) -> tuple[int, ...]:
+        # a copied layer's output: what the second layer's output came from, as the copy has it
+        return moved_to(marker_of[source], records[source].sources[0]) if source in marker_of else (new_of[source],)
+
+    out = []
+    for old, copy in placement:
+        record = records[old]
+        if copy is None:
+            out.append(dataclasses.replace(record, sources=tuple(tuple(sorted({n for s in operand for n in mapped(s)}))
+                                                                 for operand in record.sources)))
+        else:
+            out.append(copied(record, stubs[copy].names[1], copy,
+                              tuple(moved_to(copy, operand) for operand in record.sources)))
     extra = 0
     for name, run in stubs.items():
-        second = run.names[1]
-        for key in [k for k in by_module if rename(k, second, second) is not None]:
-            by_module[rename(key, second, name)] = by_module[key]  # type: ignore[index]
+        traced = run.names[1]
+        for key in [k for k in by_module if rename(k, traced, traced) is not None]:
+            by_module[rename(key, traced, name)] = by_module[key]  # type: ignore[index]
         for key in ancestors(name.rpartition(".")[0]):
-            by_module[key] = by_module.get(key, 0) + by_module[second]
-        extra += by_module[second]
+            by_module[key] = by_module.get(key, 0) + by_module[traced]
+        extra += by_module[traced]
     return out, extra

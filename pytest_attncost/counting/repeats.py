@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +38,8 @@ from torch.utils import _pytree as pytree
 from ..ops import OpRecord
 from .masks import Pattern
 
-__all__ = ["SHORTCUT", "NotRepeating", "Repeats", "Run", "block", "full_trace", "moved", "rename"]
+__all__ = ["SHORTCUT", "NotRepeating", "Repeats", "Run", "alike", "copied", "full_trace", "layer_records",
+           "passes_through", "rename", "transported"]
 
 
 #: The switch: False inside :func:`full_trace` (a context variable: threads and tasks keep their own).
@@ -106,6 +107,7 @@ class Run:
     replicated: list[str] = field(default_factory=list)  # stubbed layers counted as copies, in call order
     called: set[str] = field(default_factory=set)
     chained: int | None = None  # the input position that changes from layer to layer
+    passes: bool | None = None  # the layers hand their input on beside their results (see passes_through)
 
 
 class Repeats:
@@ -298,9 +300,56 @@ def rename(scope: str, old: str, new: str) -> str | None:
     return None
 
 
-def block(records: list[OpRecord], layer: str) -> list[OpRecord]:
-    return [r for r in records if rename(r.scope, layer, layer) is not None]
+def layer_records(records: list[OpRecord], layer: str) -> list[int]:
+    """The indices of the records *layer* made."""
+    return [i for i, r in enumerate(records) if rename(r.scope, layer, layer) is not None]
 
 
-def moved(records: list[OpRecord], old: str, new: str) -> list[OpRecord]:
-    return [dataclasses.replace(r, scope=rename(r.scope, old, new) or r.scope) for r in records]
+def alike(records: list[OpRecord], first: list[int], second: list[int], old: str, new: str) -> bool:
+    """Whether layer *old*'s records (*first*), moved to *new*, are layer *new*'s (*second*): the same ops on the
+    same shapes, fed the same way inside the layer (where a layer's input comes from is not compared)."""
+    if len(first) != len(second):
+        return False
+    where_first, where_second = {i: k for k, i in enumerate(first)}, {i: k for k, i in enumerate(second)}
+    for a, b in zip(first, second):
+        ra, rb = records[a], records[b]
+        if dataclasses.replace(ra, scope=rename(ra.scope, old, new) or ra.scope, sources=()) != \
+                dataclasses.replace(rb, sources=()):
+            return False
+        if [[where_first[s] for s in operand if s in where_first] for operand in ra.sources] != \
+                [[where_second[s] for s in operand if s in where_second] for operand in rb.sources]:
+            return False
+    return True
+
+
+def copied(record: OpRecord, old: str, new: str, sources: tuple[tuple[int, ...], ...]) -> OpRecord:
+    """*record* of layer *old* as the copy made for layer *new*, fed by *sources*."""
+    return dataclasses.replace(record, scope=rename(record.scope, old, new) or record.scope, sources=sources)
+
+
+def passes_through(records: list[OpRecord], first: list[int], second: list[int]) -> bool:
+    """Whether the layers hand their input on beside their own results (a residual stream): then what reached
+    the first layer's input reaches the second's too, and every later layer's."""
+    before_first, before_second = set(first), set(second)
+    return all(records[a].fed_by - before_first <= records[b].fed_by - before_second for a, b in zip(first, second))
+
+
+def transported(sources: Sequence[int], first: list[int], second: list[int], before: list[list[int]],
+                copy: list[int], passes: bool, elsewhere: Callable[[int], Sequence[int]]) -> tuple[int, ...]:
+    """What the second layer took from *sources*, as the copy made at *copy* takes it.
+
+    From inside the second layer: from the copy, position for position. From the first layer (the one
+    before the second): from the layer before the copy, and where the layers pass their input on, from every
+    layer before it (*before*: the run's layers up to the copy, in order) as the full trace finds them.
+    Anything else through *elsewhere*.
+    """
+    in_second, in_first = {i: k for k, i in enumerate(second)}, {i: k for k, i in enumerate(first)}
+    found: set[int] = set()
+    for s in sources:
+        if s in in_second:
+            found.add(copy[in_second[s]])
+        elif s in in_first:
+            found.update(layer[in_first[s]] for layer in (before if passes else before[-1:]))
+        else:
+            found.update(elsewhere(s))
+    return tuple(sorted(found))
