@@ -1,6 +1,5 @@
 """Decode steps against a KV cache, the decode formulas, whole generations and KV-cache bytes (issue 16)."""
 
-import dataclasses
 import json
 import time
 
@@ -12,7 +11,6 @@ from torch import nn
 from pytest_attncost import ModelSpec, ProfileError, profile
 from pytest_attncost import formulas
 from pytest_attncost.cli import PRESETS, main
-from pytest_attncost.markers import MarkerError, check_bounds, parse_marker_kwargs
 from pytest_attncost.result import Profile
 from pytest_attncost.units import parse_bytes
 
@@ -227,21 +225,6 @@ def test_user_cache_is_left_alone():
     x, (keys, values) = _step_inputs(8, 1)
     profile(CachedDecoder(), 8, mode="decode", inputs=(x, (keys, values)), spec=TINY)
     assert keys.shape == (1, 2, 8, 8) and keys.device.type == "cpu"
-
-
-def test_marker_kv_cache_max():
-    bounds = parse_marker_kwargs((), {"n": 4096, "mode": "decode", "kv_cache_max": "1 GiB"})
-    assert bounds.kv_cache_max == 2**30 and bounds.mode == "decode"
-    data = Profile(name="step", n=4096, batch=1, attention_core=10, attention_proj=40, ffn=50, other=0, layers=1,
-                   mode="decode", new_tokens=1, kv_cache_bytes=2**31)
-    (problem,) = check_bounds(bounds, data)
-    assert "kv_cache_bytes 2 GiB > kv_cache_max 1 GiB" in problem and "2,147,483,648" in problem
-    assert check_bounds(parse_marker_kwargs((), {"kv_cache_max": "2 GiB"}), data) == []
-    assert "mode='decode'" in check_bounds(bounds, dataclasses.replace(data, kv_cache_bytes=None))[0]
-    with pytest.raises(MarkerError, match="new_tokens"):
-        parse_marker_kwargs((), {"new_tokens": 2})
-    with pytest.raises(MarkerError, match="mode"):
-        parse_marker_kwargs((), {"mode": "generate"})
 
 
 @pytest.mark.parametrize(("text", "size"), [("2 GiB", 2**31), ("512MiB", 2**29), ("2 GB", 2 * 10**9), (7, 7)])

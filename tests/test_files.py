@@ -1,5 +1,6 @@
 """Files users can trust: baselines survive partial runs, concurrent saves, links, locks and kills;
-reports are written even when plots or the step summary cannot be."""
+reports are written even when plots or the step summary cannot be, replace their targets whole, and
+stay whole when two sessions write one."""
 
 from __future__ import annotations
 
@@ -245,3 +246,42 @@ def test_a_plot_matplotlib_cannot_draw_costs_no_report(project: pytest.Pytester,
     assert "## attncost report" in (project.path / "report.md").read_text()
     result.stdout.fnmatch_lines(["attncost: could not write the plots (*plots): RuntimeError: no usable font; *"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+# --- report files: existing targets, concurrent writers, nothing half-written ---------------------
+
+ONE_PROFILE = """
+from tiny_models import torch_encoder
+
+def test_x(attncost):
+    attncost.profile(torch_encoder, 16)
+"""
+
+
+def test_existing_targets_are_replaced_whole(project):
+    project.makepyfile(test_suite=ONE_PROFILE)
+    (project.path / "out.json").write_text("x" * 100_000)
+    (project.path / "out.md").write_text("old report\n" * 1000)
+    project.runpytest("--attncost-json=out.json", "--attncost-markdown=out.md").assert_outcomes(passed=1)
+    assert json.loads((project.path / "out.json").read_text())["profiles"][0]["n"] == 16
+    assert "old report" not in (project.path / "out.md").read_text()
+    assert [p.name for p in project.path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_two_sessions_writing_one_report(project):
+    project.makepyfile(test_suite=ONE_PROFILE)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--attncost-json=shared.json",
+               "--attncost-markdown=shared.md"]
+    runs = [subprocess.Popen(command, cwd=project.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for _ in range(2)]
+    for run in runs:
+        run.communicate(timeout=300)
+        assert run.returncode == 0
+    document = json.loads((project.path / "shared.json").read_text())  # whole, not interleaved
+    assert [row["test_id"] for row in document["profiles"]] == ["test_suite.py::test_x"]
+    assert (project.path / "shared.md").read_text().count("## attncost report") == 1
+    assert not [p for p in project.path.iterdir() if p.name.endswith(".tmp")]
+
+
+# xdist: the report is written once, from the controller: see test_outcomes'
+# test_worker_crash_under_xdist_keeps_finished_tests (one -n 2 session checks both).

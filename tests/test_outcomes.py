@@ -1,4 +1,6 @@
-"""A broken bound takes part in pytest's outcome logic exactly as an assertion in the body would."""
+"""A broken bound takes part in pytest's outcome logic exactly as an assertion in the body would;
+sessions that end early or run partly still report what finished; a profile the plugin cannot
+stand behind is marked in every report and fails under --attncost-strict."""
 
 import json
 
@@ -236,3 +238,153 @@ def test_the_short_summary_names_the_first_broken_bound(project: pytest.Pytester
     """)
     result = project.runpytest("-rf", "--tb=line")
     result.stdout.fnmatch_lines(["FAILED *::test_x - attncost: attention_share 0.600 > 0.5 at n=512 (formula 0.600*"])
+
+
+# --- sessions that end early or run partly: the report still tells what finished ---------------
+
+SUITE = """
+import os
+import pytest
+from tiny_models import torch_encoder
+
+def test_a(attncost):
+    attncost.profile(torch_encoder, 16)
+
+def test_b(attncost):
+    attncost.profile(torch_encoder, 32)
+
+def test_stop(attncost):
+    {stop}
+
+def test_z_after(attncost):
+    attncost.profile(torch_encoder, 64)
+"""
+
+
+def _rows(path):
+    return [(r["test_id"].split("::")[1], r["n"]) for r in json.loads(path.read_text())["profiles"]]
+
+
+def test_keyboard_interrupt_keeps_finished_tests(project):
+    project.makepyfile(test_suite=SUITE.format(stop="raise KeyboardInterrupt"))
+    # a subprocess: in-process, the interrupt would stop this session too
+    result = project.runpytest_subprocess("--attncost-json=out.json", "--attncost-report")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert _rows(project.path / "out.json") == [("test_a", 16), ("test_b", 32)]
+    result.stdout.fnmatch_lines(["*attncost report*", "test_suite.py::test_a *", "test_suite.py::test_b *"])
+
+
+def test_worker_crash_under_xdist_keeps_finished_tests(project):
+    pytest.importorskip("xdist")
+    project.makepyfile(test_suite=SUITE.format(stop="os._exit(3)"))
+    result = project.runpytest_subprocess("-n", "2", "--attncost-json=out.json", "--attncost-report")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    # written once, from the controller (workers write nothing), in test-id order, whole: also what
+    # test_files' xdist check asked, without a second -n 2 session
+    assert _rows(project.path / "out.json") == [("test_a", 16), ("test_b", 32), ("test_z_after", 64)]
+    assert not [p for p in project.path.iterdir() if p.name.endswith(".tmp")]
+    result.stdout.fnmatch_lines(["*test_stop*crashed*"])
+
+
+def test_last_failed_and_keyword_selection(project):
+    project.makepyfile(test_suite=SUITE.format(stop="raise AssertionError('boom')"))
+    project.runpytest("-p", "cacheprovider")
+    result = project.runpytest("-p", "cacheprovider", "--lf", "--attncost-json=lf.json")
+    result.assert_outcomes(failed=1)
+    assert _rows(project.path / "lf.json") == []
+    result = project.runpytest("-k", "test_b", "--attncost-json=k.json")
+    result.assert_outcomes(passed=1)
+    assert _rows(project.path / "k.json") == [("test_b", 32)]
+
+
+def test_collect_only_runs_nothing(project):
+    project.makepyfile(test_suite=SUITE.format(stop="pass"))
+    result = project.runpytest("--collect-only", "--attncost-report", "--attncost-json=out.json")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*no profiles were made in this session*"])
+    assert json.loads((project.path / "out.json").read_text())["profiles"] == []
+
+
+# --- a profile the plugin cannot stand behind: marked in every report, failed under --attncost-strict
+
+ODD_MODEL = '''
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+D, H = 32, 2
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, H, D // H).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        return self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, D))
+
+
+class Block(nn.Module):
+    """Beside attention and FFN, a product of two activations nothing explains."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn, self.up, self.down = Attention(), nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        x = x + self.attn(x)
+        return x + self.down(torch.relu(self.up(x))) * (x @ x.transpose(-1, -2)).mean()
+
+
+class Odd(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.attncost(n=16)
+def test_odd(attncost):
+    result = attncost.profile(Odd(), inputs=(torch.zeros(1, 16, D),))
+    assert len(result.warnings) == 2
+'''
+
+
+@pytest.fixture
+def odd(project: pytest.Pytester) -> pytest.Pytester:
+    project.makepyfile(test_odd=ODD_MODEL)
+    return project
+
+
+def test_warnings_are_reported_and_pass_by_default(odd: pytest.Pytester) -> None:
+    report = odd.path / "report.json"
+    result = odd.runpytest("--attncost-report", f"--attncost-json={report}", f"--attncost-markdown={odd.path / 'r.md'}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*Odd (2 warnings)*",
+        "warnings (these numbers may be wrong; --attncost-strict fails them):",
+        "  test_odd.py::test_odd ?Odd n=16?: layers.0: 8,192 MAC of products of two activations outside the layer's "
+        "attention module(s) could not be placed*",
+    ])
+    (row,) = json.loads(report.read_text())["profiles"]
+    assert [w.split(":")[0] for w in row["warnings"]] == ["layers.0", "layers.1"]
+    markdown = (odd.path / "r.md").read_text()
+    assert "**Warnings (these numbers may be wrong; --attncost-strict fails them):**" in markdown
+    assert "layers.1: 8,192 MAC of products of two activations" in markdown
+
+
+def test_strict_fails_a_profile_with_warnings(odd: pytest.Pytester) -> None:
+    result = odd.runpytest("--attncost-strict")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "attncost: the split cannot be trusted: layers.0: *",
+        "attncost checks failed (2):",
+        "*the split cannot be trusted: layers.0: 8,192 MAC of products of two activations*(--attncost-strict)*",
+    ])

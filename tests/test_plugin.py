@@ -397,3 +397,31 @@ def test_warnings_as_errors(project):
     result = project.runpytest_subprocess("-W", "error", "--attncost-crosscheck")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*UserWarning: from the user's code*"])
+
+
+# --- options and ini: the same option twice, bad ini values, an option missing its partner --------
+
+
+def test_same_option_twice_last_wins(project):
+    project.makepyfile(test_suite="""
+        from tiny_models import torch_encoder
+        def test_x(attncost):
+            attncost.profile(torch_encoder, 16)
+    """)
+    result = project.runpytest("--attncost-report", "--attncost-unit=mac", "--attncost-unit=flop")
+    result.stdout.fnmatch_lines(["*attncost report (counts in FLOP)*"])
+    result = project.runpytest("--attncost-json=a.json", "--attncost-json=b.json")
+    assert (project.path / "b.json").exists() and not (project.path / "a.json").exists()
+
+
+def test_bad_ini_values_are_usage_errors(project):
+    project.makeini("[pytest]\nattncost_max_increase = two\n")
+    result = project.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*attncost_max_increase = 'two' in the ini file: expected a percentage such as 2.5*"])
+
+
+def test_prune_without_save_is_a_usage_error(project):
+    result = project.runpytest("--attncost-save-prune")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--attncost-save-prune needs --attncost-save=PATH*"])

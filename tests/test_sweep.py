@@ -55,6 +55,17 @@ def test_sweep_errors():
         Sweep([a, doctored, c]).crossover()
 
 
+def test_sweep_of_a_factory_builds_it_once():
+    built = []
+
+    def factory():
+        built.append(1)
+        return tm.torch_encoder()
+
+    api.sweep(factory, [8, 16, 32])
+    assert built == [1]
+
+
 SWEEP_SUITE = """
 import pytest
 from transformers import BertConfig, BertModel
