@@ -15,7 +15,7 @@ from torch import nn
 
 from . import families, pipeline, timing
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
-from .counting import Options, unwrap
+from .counting import Options, masks, unwrap
 from .errors import ProfileError, TimingError
 from .formulas import ModelSpec
 from .inputs import LARGEST_TOKENS, TOO_LARGE, Built, Inputs, build
@@ -38,7 +38,7 @@ def _resolve_model(model: object) -> nn.Module:
         return unwrap(model)
     if callable(model):
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), masks.recording() as patterns:  # a tril buffer's form, read as it is built
                 built = model()
         except Exception as exc:  # noqa: BLE001 - the factory is the user's code
             raise ProfileError(
@@ -51,6 +51,7 @@ def _resolve_model(model: object) -> nn.Module:
                 f"the model factory returned {type(built).__name__}, not an nn.Module; "
                 "a factory takes no arguments and returns the model"
             )
+        masks.remember(unwrap(built), patterns)
         return unwrap(built)
     raise ProfileError(
         f"profile() takes an nn.Module or a zero-argument factory returning one, got {type(model).__name__}"

@@ -131,7 +131,7 @@ def spec_from_config(config: Any) -> ModelSpec:
                              "(a hierarchical model such as Swin); pass spec= for one stage")
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name}: {field} is {value!r}, not an int; pass spec=ModelSpec(...)")
-    head_dim = _get(config, "head_dim", "d_kv") or hidden // heads
+    head_dim = _get(config, "head_dim", "d_kv", "head_size") or hidden // heads
     ffn_dim = _get(config, "intermediate_size", "d_ff", "n_inner", "hidden_dim", "ffn_dim", "ffn_hidden_size",
                    "encoder_ffn_dim", "dff")
     ratio = getattr(config, "mlp_ratio", None)
@@ -141,7 +141,9 @@ def spec_from_config(config: Any) -> ModelSpec:
         if swiglu:  # SwiGLU keeps two thirds of that width, rounded up to a multiple of 8
             ffn_dim = (int(ffn_dim * 2 / 3) + 7) // 8 * 8
     ffn_dim = ffn_dim or 4 * hidden
-    kv_heads = _get(config, "num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
+    # grouped-query heads as each library names them (litgpt: n_query_groups, torchtune: num_kv_heads)
+    kv_heads = _get(config, "num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num",
+                    "n_query_groups")
     if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
         kv_heads = 1  # Falcon's multi-query attention
     gated = bool(getattr(config, "is_gated_act", False)) or swiglu or model_type in GATED_FAMILIES

@@ -259,7 +259,7 @@ class RawCount:
     by_module: dict[str, int]
     module_names: dict[str, str] = field(default_factory=dict)  # name -> class name
     copied_layers: tuple[str, ...] = ()  # repeated layers counted as copies of a traced one (counting.repeats)
-    outputs: tuple[int, ...] = ()  # the products whose results reach the model's outputs
+    outputs: tuple[tuple[int, ...], ...] = ()  # per output of the model, the products whose results reach it
 
     @property
     def opaque(self) -> list[str]:

@@ -163,8 +163,16 @@ class Flow:
                 and len(record.out_shape) >= 2 and record.out_shape[-1] > 1)
 
     def params(self, indices: Iterable[int]) -> list[int]:
-        """The parameter products among *indices*."""
-        return [i for i in indices if i in self.consumers and self.records[i].origin == "param" and i not in self.group_of]
+        """The parameter products among *indices* that multiply a matrix (a product of vectors with a parameter
+        vector makes a table, rotary's positions x frequencies, not a projection)."""
+        records = self.records
+        return [i for i in indices if i in self.consumers and records[i].origin == "param" and i not in self.group_of
+                and not _table(records[i])]
+
+
+def _table(record: OpRecord) -> bool:
+    """A product of vectors only (rotary's positions x frequencies): it makes a table, it projects nothing."""
+    return bool(record.shapes) and all(len(shape) < 2 for shape in record.shapes)
 
 
 def core_scopes(records: Sequence[OpRecord]) -> dict[str, None]:
@@ -205,7 +213,7 @@ def _projections(flow: Flow, group: list[int], allowed: frozenset[int] | None) -
                 inner.append(i)
                 grew = True
     out: list[int] = []
-    for i in flow.params(flow.products):
+    for i in flow.params(flow.products) if entry else ():  # no projection in: no guess at the one out
         sources = set(flow.records[i].fed_by)
         if i in found or not ok(i) or not sources & cores:
             continue
@@ -352,10 +360,10 @@ def _child(module: str, scope: str) -> str:
 
 
 def find_structure(records: Sequence[OpRecord], containers: Iterable[str], experts: Mapping[str, int] | None = None,
-                   outputs: Iterable[int] = ()) -> Structure:
+                   outputs: Iterable[Iterable[int]] = ()) -> Structure:
     """Layers, attention calls, projections and FFNs of a count, by data flow and structure (module docstring).
 
-    *outputs* are the products whose results reach the model's outputs (``RawCount.outputs``).
+    *outputs* are, per output of the model, the products whose results reach it (``RawCount.outputs``).
     """
     flow = Flow(records)
     boxes = frozenset(containers)
@@ -390,12 +398,12 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
         members=structure.members, outside=tuple(outside), experts=structure.experts, bare=structure.bare,
         groups=tuple(groups))
     outs = {i for p, (module, _) in zip(projections, groups) if module in outside for i in p.out}
-    parts = _parts(flow, structure, projections, inside, outs, frozenset(outputs))
+    parts = _parts(flow, structure, projections, inside, outs, [frozenset(output) for output in outputs])
     return dataclasses.replace(structure, parts=parts, warnings=tuple(_flow_warnings(flow, projections, parts, groups)))
 
 
 def _parts(flow: Flow, structure: Structure, projections: list[Projections], inside: set[int], outs: set[int],
-           outputs: frozenset[int]) -> tuple[str, ...]:
+           outputs: list[frozenset[int]]) -> tuple[str, ...]:
     """Each record's part (see :attr:`Structure.parts`)."""
     records = flow.records
     parts = ["other"] * len(records)
@@ -412,7 +420,7 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
         if parts[i] != "other" or any(_within(record.scope, b) for b in structure.bare):
             continue
         if i in inside:
-            parts[i] = {"param": "ffn", "buffer": "other"}.get(record.origin, "unplaced")
+            parts[i] = "other" if _table(record) else {"param": "ffn", "buffer": "other"}.get(record.origin, "unplaced")
         elif i in block_ffn:
             parts[i] = "ffn"
     roles = structure.roles()
@@ -425,9 +433,9 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
     return tuple(parts)
 
 
-def _outside_ffn(flow: Flow, free: list[int], outs: set[int], outputs: frozenset[int]) -> set[int]:
+def _outside_ffn(flow: Flow, free: list[int], outs: set[int], outputs: list[frozenset[int]]) -> set[int]:
     """The FFNs of attention blocks outside the layers: chains of parameter products that take an outside
-    attention's result and meet it again later, in a product or in the model's outputs (a residual around
+    attention's result and meet it again later, in a product or in one of the model's outputs (a residual around
     them). A head that takes the result and never meets it again is no FFN."""
     records = flow.records
     found: set[int] = set()
@@ -441,7 +449,7 @@ def _outside_ffn(flow: Flow, free: list[int], outs: set[int], outputs: frozenset
                     chain.add(user)
                     frontier.append(user)
         meetings = [records[user].fed_by for i in chain for user in flow.consumers[i] if user not in chain]
-        if any(sources & outs for sources in meetings) or (chain & outputs and outs & outputs):
+        if any(sources & outs for sources in [*meetings, *(output for output in outputs if output & chain)]):
             found |= chain
     return found
 

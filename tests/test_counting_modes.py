@@ -367,6 +367,15 @@ def test_causal_half_is_applied_to_sdpa_and_tril_masks(name: str) -> None:
     assert (p.causal_applied, p.attention_proj, p.ffn, p.warnings) == (True, LAYERS * (QKV + OUT), LAYERS * FFN, ())
 
 
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_factorys_tril_buffer_halves_as_on_the_cpu(name: str, backend: str) -> None:
+    # minGPT registers torch.tril(torch.ones(T, T)) as a buffer; built by a factory on the meta device it has
+    # no values to read, so its form is followed while the factory builds it
+    p = profile(MODELS[name], inputs=tokens(), causal="half", backend=backend)  # the class as the factory
+    assert (p.attention_core, p.causal_applied, p.warnings) == (HALF_CORE, True, ())
+
+
 def test_a_mask_of_unknown_form_is_counted_in_full_and_said() -> None:
     p = profile(LectureGPT("padding"), inputs=tokens(), causal="half")
     assert p.attention_core == LAYERS * CORE and not p.causal_applied
@@ -577,6 +586,38 @@ def test_einsum_is_exact_to_the_mac() -> None:
     assert p.attention_core == 2 * 4 * 128 * 128 * 64 == 8_388_608  # fvcore's own handle: 8,389,000
     assert (p.deviation, p.warnings) == (0, ())
     p.check_formula(rtol=0)
+
+
+class MultiQueryEinsum(nn.Module):
+    """Six query heads over one shared key/value head, in einsum: torch runs it with the heads folded into the rows."""
+
+    def __init__(self, width: int = 96, heads: int = 6, head_dim: int = 16) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.q, self.kv = nn.Linear(width, heads * head_dim, bias=False), nn.Linear(width, 2 * head_dim, bias=False)
+        self.o = nn.Linear(heads * head_dim, width, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # b h n d
+        k, v = self.kv(x).split(self.head_dim, dim=-1)  # b n d: one head for every query head
+        scores = torch.einsum("bhnd,bmd->bhnm", q, k).softmax(-1)
+        y = torch.einsum("bhnm,bmd->bhnd", scores, v).transpose(1, 2).reshape(b, n, -1)
+        x = x + self.o(y)
+        return x + self.mlp(x)
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_einsum_multi_query_attention_reads_n_on_both_backends(backend: str) -> None:
+    # the torch backend saw bmm's [b, h x n, m] and read h x n = 768 queries: it refused the model
+    n, width, heads, head_dim = 128, 96, 6, 16
+    p = profile(nn.Sequential(MultiQueryEinsum(), MultiQueryEinsum()), n, inputs=(torch.zeros(1, n, width),),
+                backend=backend)
+    assert (p.n, p.batch) == (n, 1)
+    assert p.attention_core == 2 * 2 * heads * n * n * head_dim
+    assert p.attention_proj == 2 * (n * width * heads * head_dim + n * width * 2 * head_dim + n * heads * head_dim * width)
+    assert (p.ffn, p.warnings) == (2 * 2 * n * width * 4 * width, ())
 
 
 # --- 5. quantized models -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import tiny_models as tm
-from pytest_attncost import ProfileError, api, cli, inputs, profile
+from pytest_attncost import ProfileError, cli, inputs, profile
 
 
 def test_roles_as_a_list_names_the_form() -> None:

@@ -264,7 +264,7 @@ def test_what_the_lengths_values_do_not_show_is_counted_per_length(model, other)
 
 def test_one_input_passed_three_times_stays_one_tensor():
     """nn.MultiheadAttention(x, x, x) projects q, k, v with one packed product when they are one tensor."""
-    from pytest_attncost import api, families
+    from pytest_attncost import api
     from pytest_attncost.counting import at_lengths, count_forward_torch, meta_twin
 
     mha = nn.MultiheadAttention(D, H, batch_first=True)

@@ -228,7 +228,7 @@ def test_measure_through_the_fixture_reports_and_checks_time_bounds(project: pyt
 def test_the_short_summary_names_the_first_broken_bound(project: pytest.Pytester,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "160")
-    project.makepyfile(f"""
+    project.makepyfile("""
         import pytest
         from tiny_models import bert_like
 

@@ -238,6 +238,122 @@ def test_unplaced_products_are_named() -> None:
     assert p.ffn == L * (lin(n, D, FF) + lin(n, FF, D))  # the real FFN is still found
 
 
+# --- models built to fool the data-flow rule: each gets a warning naming it, never a silent placement ----
+
+
+class SharedQuery(nn.Module):
+    """Q is also the input of an MLP: a projection that feeds both the core and a non-attention product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+        self.up, self.down = nn.Linear(D, FF), nn.Linear(FF, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q(x)
+        heads = [t.reshape(b, n, H, D // H).transpose(1, 2) for t in (q, self.k(x), self.v(x))]
+        x = x + self.o(F.scaled_dot_product_attention(*heads).transpose(1, 2).reshape(b, n, D))
+        return x + self.down(F.gelu(self.up(q)))
+
+
+class RawQuery(SequentialBlock):
+    """The queries are the residual stream itself: no projection of this layer reaches them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = nn.Linear(D, 2 * D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        k, v = self.kv(x).chunk(2, dim=-1)
+        q, k, v = (t.reshape(b, n, H, D // H).transpose(1, 2) for t in (x, k, v))
+        x = x + self.mixer.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, D))
+        return x + self.body(x)
+
+
+class NoProjections(SequentialBlock):
+    """Attention over the residual stream itself: Q, K and V are x."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        heads = x.reshape(b, n, H, D // H).transpose(1, 2)
+        x = x + F.scaled_dot_product_attention(heads, heads, heads).transpose(1, 2).reshape(b, n, D)
+        return x + self.body(x)
+
+
+class OneWithoutFFN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([SequentialBlock(), SelfAttentionOnly(), SequentialBlock()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_projection_that_also_feeds_an_mlp_is_named() -> None:
+    n = 16
+    p = profile(Stack(SharedQuery), inputs=(torch.zeros(1, n, D),))
+    # placed as the data flow reads it (q reaches the core), and said
+    assert (p.attention_proj, p.ffn) == (L * 4 * lin(n, D, D), L * 2 * lin(n, D, FF))
+    assert p.warnings == tuple(roles.SHARED_PROJECTION_WARNING.format(
+        module=f"layers.{i}.q", attention=f"layers.{i}", macs=lin(n, D, D), other=f"layers.{i}.up") for i in range(L))
+
+
+def test_an_ffn_product_feeding_a_core_and_a_core_without_projections_are_named() -> None:
+    n = 16
+    raw = profile(Stack(RawQuery), inputs=(torch.zeros(1, n, D),))
+    # layer 1's queries are layer 0's output: its FFN's last product (placed as ffn) feeds that core directly
+    assert raw.warnings == (roles.FFN_FEEDS_CORE_WARNING.format(
+        module="layers.0.body.2", macs=lin(n, FF, D), part="ffn", attention="layers.1"),)
+    bare = profile(Stack(NoProjections), inputs=(torch.zeros(1, n, D),))
+    core = 2 * H * n * n * (D // H)
+    assert bare.warnings == (
+        roles.NO_PROJECTION_WARNING.format(attention="layers.0", macs=core),
+        roles.FFN_FEEDS_CORE_WARNING.format(module="layers.0.body.2", macs=lin(n, FF, D), part="ffn",
+                                            attention="layers.1"),
+        roles.NO_PROJECTION_WARNING.format(attention="layers.1", macs=core))
+    # no projection in, so no guess at one out: the FFN that takes the result stays the FFN
+    assert (bare.attention_core, bare.attention_proj, bare.ffn) == (L * core, 0, L * 2 * lin(n, D, FF))
+
+
+def test_a_layer_without_ffn_among_layers_with_one_is_named() -> None:
+    p = profile(OneWithoutFFN(), inputs=(torch.zeros(1, 16, D),))
+    assert p.warnings == (roles.LAYER_NO_FFN_WARNING.format(module="layers.1", others=2),)
+
+
+def test_strict_mode_fails_a_model_that_fools_the_rule(project: pytest.Pytester) -> None:
+    project.makepyfile(test_fooled="""
+        import pytest
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+
+        class SharedQuery(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q, self.k, self.v, self.o = (nn.Linear(64, 64) for _ in range(4))
+                self.up, self.down = nn.Linear(64, 128), nn.Linear(128, 64)
+
+            def forward(self, x):
+                b, n, _ = x.shape
+                q = self.q(x)
+                heads = [t.reshape(b, n, 4, 16).transpose(1, 2) for t in (q, self.k(x), self.v(x))]
+                x = x + self.o(F.scaled_dot_product_attention(*heads).transpose(1, 2).reshape(b, n, 64))
+                return x + self.down(F.gelu(self.up(q)))
+
+        @pytest.mark.attncost(n=16)
+        def test_fooled(attncost):
+            attncost.profile(nn.Sequential(SharedQuery(), SharedQuery()), inputs=(torch.zeros(1, 16, 64),))
+    """)
+    result = project.runpytest("--attncost-strict")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the split cannot be trusted: 0.q: a projection of the attention in 0 *"
+                                 "also feeds 0.up*"])
+
+
 def test_layer_without_ffn_while_the_spec_has_one() -> None:
     spec = ModelSpec(hidden=D, heads=H, head_dim=D // H, layers=L, ffn_dim=FF)
     p = profile(Stack(SelfAttentionOnly), inputs=(torch.zeros(1, 16, D),), spec=spec)
@@ -537,7 +653,7 @@ def test_the_batch_is_the_main_inputs_even_when_the_model_folds_frames_into_it()
     # TimeSformer's space-only attention runs batch x frames sequences: the batch is still 2.
     from transformers import TimesformerConfig, TimesformerModel
 
-    b, frames, n, d = 2, 4, 17, 64
+    b, frames, n = 2, 4, 17
     p = profile(lambda: TimesformerModel(TimesformerConfig(**VISION, intermediate_size=96, num_frames=frames,
                                                            attention_type="space_only")),
                 inputs={"pixel_values": torch.zeros(b, frames, 3, 32, 32)}, batch=b)

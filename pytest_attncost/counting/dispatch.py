@@ -20,14 +20,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .. import one_run
 from ..errors import CountError
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
-from .masks import MASK_PASS, SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, sdpa_label
+from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, sdpa_label
 from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
-from .twin import no_global_hooks, refuse_scripted, tensor_leaves
+from .twin import meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["at_lengths", "count_forward_torch", "module_totals"]
 
@@ -145,13 +146,12 @@ class _TorchRecorder:
         self.params = {id(p) for p in model.parameters()}
         self.buffers = {id(b) for b in model.buffers()}
         by_id = {id(b): name for name, b in model.named_buffers()}
-        self.buffer_patterns = {key: masks[name] for key, name in by_id.items() if name in masks}
+        self.masks = Patterns({key: masks[name] for key, name in by_id.items() if name in masks})
         self.calls: list[list[Any]] = []  # [first sequence nr, end sequence nr or None, name, parent call]
         self.starts: list[int] = []
         self.stack: list[int] = []
         self.node_records: dict[int, int] = {}  # autograd sequence nr -> forward record index
         self.backward_of: dict[int, int] = {}  # backward record index -> forward record index
-        self.patterns: Any = WeakTensorKeyDictionary()
         self.reach: Any = WeakTensorKeyDictionary()  # tensor -> the products whose results reach it
         self.flows: Any = WeakTensorKeyDictionary()  # scores -> (forward record indices, labels)
         self.labels: dict[int, list[str]] = {}
@@ -250,14 +250,6 @@ class _TorchRecorder:
                 found.add("buffer")
         return "param" if "param" in found else "buffer" if "buffer" in found else "activation"
 
-    def _abstract(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            pattern = self.patterns.get(value)
-            if pattern is None and id(value) in self.buffer_patterns:
-                pattern = self.buffer_patterns[id(value)]
-            return pattern
-        return value
-
     def observe(self, packet: Any, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any], formula: Any) -> None:
         op = _torch_op(packet)
         node = torch._C._current_autograd_node()
@@ -294,7 +286,7 @@ class _TorchRecorder:
             mask = named.get("attn_mask", named.get("attn_bias"))
             self.labels[index] = [sdpa_label(
                 named.get("is_causal", False), isinstance(mask, torch.Tensor),
-                self._abstract(mask) if isinstance(mask, torch.Tensor) else None,
+                self.masks.abstract(mask) if isinstance(mask, torch.Tensor) else None,
                 isinstance(mask, torch.Tensor) and mask.dtype == torch.bool)]
         elif origin == "activation" and op in _MASKED_PRODUCTS:
             operands = [args[i] for i in _MASKED_PRODUCTS[op] if i < len(args)]
@@ -341,23 +333,14 @@ class _TorchRecorder:
         if flow_positions:
             indices, labels = self.flows[args[flow_positions[0]]]
             if name in SCORE_MASKING and name != "masked_fill" or name == "masked_fill" and flow_positions[0] == 0:
-                label = masking_label(name, [self._abstract(a) for a in args], flow_positions[0])
+                label = masking_label(name, [self.masks.abstract(a) for a in args], flow_positions[0])
                 for index in indices:
                     self.labels.setdefault(index, []).append(label)
                 self.flows[first] = (indices, (*labels, label))
             elif name in SCORE_PASS:
                 self.flows[first] = (indices, labels)
             return
-        if name in MASK_PASS or name in ("slice", "tril", "triu", "eq", "ne", "where", "masked_fill", "logical_not",
-                                         "bitwise_not"):
-            pattern = mask_transfer(name, [self._abstract(a) for a in args])
-            if pattern is not None:
-                self.patterns[first] = pattern
-        elif name in ("ones", "zeros", "full", "scalar_tensor", "ones_like", "zeros_like", "full_like", "new_ones",
-                       "new_zeros"):
-            pattern = mask_transfer(name, [self._abstract(a) for a in args])
-            if pattern is not None:
-                self.patterns[first] = pattern
+        self.masks.track(name, out, args)
 
     def finish(self) -> list[OpRecord]:
         records = list(self.records)
@@ -385,6 +368,9 @@ def _torch_counter(recorder: _TorchRecorder) -> Any:
 
     counter = _Counter(display=False)
     counter.flop_registry = {**counter.flop_registry, **_extra_formulas()}
+    # The recorder knows each op's module; FlopCounterMode's own tracker would hook every module call, and it
+    # asserts on a module input that requires grad without a grad_fn (a parameter passed in under no_grad).
+    counter.mod_tracker = contextlib.nullcontext()  # type: ignore[assignment]
     return counter
 
 
@@ -481,11 +467,11 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with no_global_hooks(), torch.random.fork_rng(devices=[]), mode:
+        with no_global_hooks(), torch.random.fork_rng(devices=[]), meta_autocast(), mode:
             if fake:
                 made: dict[int, Any] = {}
                 args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf, made), (args, kwargs))
-            with counter, torch.set_grad_enabled(train):
+            with counter, torch.set_grad_enabled(train), _Einsums(recorder):
                 output = model(*args, **kwargs)
                 if train:
                     leaves: list[torch.Tensor] = []
@@ -515,6 +501,30 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     return _raw(model, recorder, output)
 
 
+class _Einsums(TorchFunctionMode):
+    """An einsum is one product to the reader of records, as fvcore records it: torch runs it as a bmm of its
+    operands folded (a multi-query einsum folds heads into the rows), so the record of that one product takes
+    the einsum's operand and output shapes, which say how many queries the attention saw."""
+
+    def __init__(self, recorder: _TorchRecorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = None
+        if func is not torch.functional.einsum:
+            return func(*args, **(kwargs or {}))
+        start = len(self.recorder.records)
+        out = func(*args, **(kwargs or {}))
+        made = [i for i in range(start, len(self.recorder.records)) if self.recorder.records[i].backward_of is None]
+        operands = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+        if len(made) == 1 and isinstance(out, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in operands):
+            record = self.recorder.records[made[0]]
+            self.recorder.records[made[0]] = dataclasses.replace(
+                record, shapes=tuple(tuple(t.shape) for t in operands), out_shape=tuple(out.shape))
+        return out
+
+
 def _mode(fake: bool, swept: bool) -> Any:
     """Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -538,7 +548,7 @@ def _raw(model: nn.Module, recorder: _TorchRecorder, output: Any) -> RawCount:
         recorder.check_copies(records)
     returned: list[torch.Tensor] = []
     tensor_leaves(output, returned)
-    outputs = tuple(sorted(frozenset().union(*(recorder.reach.get(t, _NOTHING) for t in returned))))
+    outputs = tuple(tuple(sorted(recorder.reach.get(t, _NOTHING))) for t in returned)
     classes = {name: type(module).__name__ for name, module in model.named_modules()}
     copied = tuple(name for _, name, _, _ in recorder.copies)
     if any(isinstance(r.macs, torch.SymInt) for r in records):  # several lengths: summed per length by at_lengths

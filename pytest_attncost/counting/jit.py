@@ -27,7 +27,7 @@ from ..ops import MASK_UNKNOWN, PRODUCTS, SDPA_OPS, VIEW_OPS, OpRecord, RawCount
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, sdpa_label
 from .repeats import (SHORTCUT, NotRepeating, Repeats, Run, alike, copied, layer_records, passes_through, rename,
                       transported)
-from .twin import drop_hooks, no_global_hooks, refuse_scripted, tensor_leaves
+from .twin import drop_hooks, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["EXTRA_HANDLES", "count_forward"]
 
@@ -390,7 +390,7 @@ def _counting_environment() -> Iterator[None]:
     # blocks in one op; the plain path runs linear + sdpa, which the handles count exactly.
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings(), meta_autocast():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             yield
     finally:
@@ -470,11 +470,11 @@ def _handles(analysis: Any, ctx: _TraceContext, harness: _Harness, default_ops: 
     (returned), and with *repeats* the marker of each copied layer (aliases: the model's own)."""
     handles = {**default_ops, **EXTRA_HANDLES}
     analysis.set_op_handle(**{op: _recording(op, handle, ctx) for op, handle in handles.items()})
-    returned: list[tuple[int, ...]] = []
+    returned: list[tuple[int, ...]] = []  # per output of the model
 
     def outputs_of(inputs: list[Any], outputs: list[Any]) -> int:
         if any(use.user.kind() == "prim::Return" for use in outputs[0].uses()):  # the harness's result
-            returned[:] = [ctx.sources(inputs[:harness.n_outputs])]
+            returned[:] = [ctx.sources([value]) for value in inputs[:harness.n_outputs]]
         return 0
 
     analysis.set_op_handle(**{"prim::TupleConstruct": outputs_of})
@@ -528,7 +528,7 @@ def _trace(
     by_module = {"" if name == "model" else name[len("model."):]: int(value)
                  for name, value in by_module_raw.items() if name}
     records = ctx.records
-    ctx.records.append(OpRecord(_OUTPUTS, "", 0, "activation", (), sources=(returned[0] if returned else (),)))
+    ctx.records.append(OpRecord(_OUTPUTS, "", 0, "activation", (), sources=tuple(returned)))
     if repeats is not None and repeats.stub_of():
         records, extra = _expand_markers(records, repeats, by_module)
         total += extra
@@ -537,7 +537,7 @@ def _trace(
     copied = tuple(repeats.stub_of()) if repeats is not None else ()
     return RawCount(
         total=int(total), records=records, unsupported_ops=unsupported, by_module=by_module, module_names=classes,
-        copied_layers=copied, outputs=tuple(sorted(returns.fed_by)),
+        copied_layers=copied, outputs=returns.sources,
     )
 
 

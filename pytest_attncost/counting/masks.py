@@ -11,18 +11,21 @@ applied to its scores (:func:`masking_label`) or passed to fused attention (:fun
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Mapping
 from numbers import Number
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ops import MASK_CAUSAL, MASK_NONE, MASK_UNKNOWN
 
-__all__ = ["MASK_PASS", "Pattern", "SCORE_MASKING", "SCORE_PASS", "buffer_masks", "combine", "mask_transfer",
-           "masking_label", "sdpa_label"]
+__all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "buffer_masks", "combine", "mask_transfer",
+           "masking_label", "recording", "sdpa_label"]
 
 Pattern = tuple[tuple[Any, ...], Any]  # (position set, fill value or None)
 
@@ -185,6 +188,68 @@ def combine(labels: Iterator[str] | list[str] | set[str]) -> str:
     return MASK_CAUSAL if found == {MASK_CAUSAL} else MASK_UNKNOWN
 
 
+#: Ops whose result's pattern mask_transfer computes: the passes, the mask builders, the constructors.
+_TRACKED = MASK_PASS | {"slice", "tril", "triu", "eq", "ne", "where", "masked_fill", "logical_not", "bitwise_not",
+                        "ones", "zeros", "full", "scalar_tensor", "ones_like", "zeros_like", "full_like", "new_ones",
+                        "new_zeros"}
+
+
+class Patterns:
+    """The patterns of the tensors dispatched ops make, op by op (*known*: tensors known beforehand)."""
+
+    def __init__(self, known: Mapping[int, Pattern] | None = None) -> None:
+        from torch.utils.weak import WeakTensorKeyDictionary
+
+        self.found: Any = WeakTensorKeyDictionary()
+        self.known = dict(known or {})  # id(tensor) -> pattern (a model's mask buffers, held by the model)
+
+    def abstract(self, value: Any) -> Any:
+        """A tensor's pattern (None: unknown), or the value itself."""
+        if isinstance(value, torch.Tensor):
+            pattern = self.found.get(value)
+            return self.known.get(id(value)) if pattern is None else pattern
+        return value
+
+    def track(self, name: str, out: Any, args: tuple[Any, ...]) -> None:
+        """The pattern of *out*, made by op *name* (short) of *args*, where the algebra can tell it."""
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        if name in _TRACKED and isinstance(first, torch.Tensor):
+            pattern = mask_transfer(name, [self.abstract(a) for a in args])
+            if pattern is not None:
+                self.found[first] = pattern
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, patterns: Patterns) -> None:
+        super().__init__()
+        self.patterns = patterns
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.patterns.track(str(func._overloadpacket).rsplit(".", 1)[-1], out, tuple(args))
+        return out
+
+
+#: Models built by a factory on the meta device -> the patterns of their mask buffers, read while built.
+_BUILT: weakref.WeakKeyDictionary[nn.Module, dict[str, Pattern]] = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Patterns]:
+    """Follow the mask patterns of what is built meanwhile (a factory's model on the meta device has no values to
+    read its ``register_buffer("tril", torch.tril(torch.ones(n, n)))`` from afterwards)."""
+    patterns = Patterns()
+    with _Recorder(patterns):
+        yield patterns
+
+
+def remember(model: nn.Module, patterns: Patterns) -> None:
+    """Keep the patterns of *model*'s buffers, as they were built (see :func:`recording`)."""
+    found = {name: patterns.found[buffer] for name, buffer in model.named_buffers() if buffer in patterns.found}
+    if found:
+        _BUILT[model] = found
+
+
 def buffer_masks(model: nn.Module) -> dict[str, Pattern]:
     """Buffers of *model* (the original, with values) that hold a triangular mask, by dotted name.
 
@@ -192,9 +257,10 @@ def buffer_masks(model: nn.Module) -> dict[str, Pattern]:
     (``register_buffer("tril", torch.tril(torch.ones(n, n)))``) is read here, from
     the user's model, and handed to :func:`count_forward` / :func:`count_forward_torch`
     as ``buffer_masks=``. Only square masks (leading dimensions of size 1) whose
-    non-zero entries form ``tril`` or ``triu(diagonal=1)`` are kept.
+    non-zero entries form ``tril`` or ``triu(diagonal=1)`` are kept. A model a factory built on the
+    meta device has no values: its buffers' patterns were followed while it was built (:func:`recording`).
     """
-    found: dict[str, Pattern] = {}
+    found: dict[str, Pattern] = dict(_BUILT.get(model, {}))  # built on the meta device: read while built
     for name, buffer in model.named_buffers():
         if buffer.is_meta or buffer.dim() < 2 or buffer.is_quantized or buffer.is_sparse:
             continue

@@ -16,7 +16,8 @@ from torch import nn
 from ..errors import CountError
 from ..families import patchify_conv
 
-__all__ = ["drop_hooks", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves", "unwrap"]
+__all__ = ["drop_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
+           "unwrap"]
 
 
 SCRIPTED_MESSAGE = (
@@ -204,3 +205,28 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod  # type: ignore[assignment]
         else:
             return model
+
+
+@contextlib.contextmanager
+def meta_autocast() -> Iterator[None]:
+    """``torch.autocast("meta", ...)`` does nothing while counting, instead of raising "unsupported scalarType".
+
+    Rotary embeddings run under ``torch.autocast(device_type=x.device.type, enabled=False)`` (transformers 4,
+    x-transformers); on the twin that device is ``meta``, which autocast does not know. Nothing is computed on
+    the meta device, so there is nothing to cast either: such a context is made a disabled CPU one. Put back
+    afterwards.
+    """
+    cls = torch.amp.autocast_mode.autocast
+    original = cls.__init__
+
+    def __init__(self: Any, device_type: str, dtype: Any = None, enabled: bool = True,
+                 cache_enabled: Any = None) -> None:
+        if device_type == "meta":
+            device_type, enabled = "cpu", False
+        original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.__init__ = original  # type: ignore[method-assign]
