@@ -78,9 +78,9 @@ def __getattr__(name: str) -> object:
 
         return Profile
     if name in ("Sweep", "TimingSweep"):
-        from . import sweep
+        from . import series
 
-        return getattr(sweep, name)
+        return getattr(series, name)
     if name == "Timing":
         from .result import Timing
 

@@ -20,7 +20,7 @@ from .errors import ProfileError, TimingError
 from .formulas import ModelSpec
 from .inputs import LARGEST_TOKENS, TOO_LARGE, Built, Inputs, build
 from .result import BACKENDS, CAUSAL, MODES, Profile, Timing
-from .sweep import DecodeSweep, Sweep, TimingSweep
+from .series import DecodeSweep, Sweep, TimingSweep
 from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 
 __all__ = ["ProfileError", "clear_cache", "decode_sweep", "measure", "measure_sweep", "profile", "spec_of", "sweep"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import fnmatch
 import math
 import os
 import re
@@ -152,20 +153,37 @@ def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
     return regressions, cell
 
 
+@dataclass(frozen=True)
+class Prune:
+    """What ``--attncost-save-prune`` may drop: entries of tests in the files under *paths* (relative to the
+    rootdir; ``""`` is all of it) and not under *ignored* (fnmatch patterns) that are not among *ran*."""
+
+    ran: frozenset[str]
+    paths: tuple[str, ...] = ("",)
+    ignored: tuple[str, ...] = ()
+
+    def covers(self, test_id: str) -> bool:
+        """Whether this run could have seen *test_id*."""
+        file = test_id.split("::", 1)[0]
+        inside = any(not path or file == path or file.startswith(f"{path}/") for path in self.paths)
+        return inside and not any(file == p or file.startswith(f"{p}/") or fnmatch.fnmatch(file, p)
+                                  for p in self.ignored)
+
+
 def merge(
-    existing: Mapping[Key, Mapping[str, Any]], rows: Iterable[Mapping[str, Any]], keep_tests: set[str] | None
+    existing: Mapping[Key, Mapping[str, Any]], rows: Iterable[Mapping[str, Any]], prune: Prune | None
 ) -> list[dict[str, Any]]:
-    """This run's profiles replace their entries; the others stay (unless pruned to *keep_tests*)."""
+    """This run's profiles replace their entries; the others stay (unless *prune* drops them)."""
     merged = {key: dict(value) for key, value in existing.items()}
     fresh = {entry_key(row): dict(row) for row in rows}
     for key, row in fresh.items():
         merged[key] = row
-    if keep_tests is not None:
-        # pruning: tests that no longer exist go, and so do profiles a test no longer makes
-        # (a test that profiled this run keeps exactly this run's profiles)
+    if prune is not None:
+        # pruning, among the tests this run could see: tests that no longer exist go, and so do profiles a
+        # test no longer makes (a test that profiled this run keeps exactly this run's profiles)
         profiled = {key[0] for key in fresh}
-        merged = {key: row for key, row in merged.items()
-                  if key[0] in keep_tests and (key[0] not in profiled or key in fresh)}
+        merged = {key: row for key, row in merged.items() if not prune.covers(key[0])
+                  or (key[0] in prune.ran and (key[0] not in profiled or key in fresh))}
     return list(merged.values())
 
 
@@ -209,7 +227,7 @@ def _drop_stale_temporaries(target: Path) -> None:
             candidate.unlink(missing_ok=True)
 
 
-def save(path: Path, rows: Iterable[Row], keep_tests: set[str] | None) -> None:
+def save(path: Path, rows: Iterable[Row], prune: Prune | None) -> None:
     """Merge this run's profiles into the baseline at *path*, under a file lock, atomically.
 
     Another process saving to the same file waits for the lock, and each merges into what the
@@ -233,7 +251,7 @@ def save(path: Path, rows: Iterable[Row], keep_tests: set[str] | None) -> None:
         _drop_stale_temporaries(target)
         existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
         mode = target.stat().st_mode & 0o7777 if target.exists() else None
-        text = render_baseline(merge(existing, [row.to_dict() for row in rows], keep_tests))
+        text = render_baseline(merge(existing, [row.to_dict() for row in rows], prune))
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             tmp.write_text(text, encoding="utf-8")

@@ -16,7 +16,7 @@ from typing import Any
 
 from .formulas import relative_deviation
 from .result import MODES, Profile, Timing
-from .sweep import Sweep, SweepError
+from .series import Sweep, SweepError
 from .units import UnitError, format_bytes, format_count, format_tokens, parse_bytes, parse_count
 
 __all__ = ["Bounds", "MIN_REPEATS", "MarkerError", "TIME_BOUNDS", "check_bounds", "check_sweep", "check_time_bounds",

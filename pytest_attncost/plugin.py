@@ -39,7 +39,7 @@ from .settings import Settings, add_options
 
 if TYPE_CHECKING:
     from .result import Profile
-    from .sweep import Sweep
+    from .series import Sweep
 
 __all__ = ["AttncostCheckError", "AttncostFixture", "attncost", "attncost_n"]
 

@@ -22,7 +22,7 @@ from typing import Any
 from .formulas import ModelSpec
 from .markers import threshold_notes
 from .result import Profile, versions
-from .sweep import Sweep, SweepError
+from .series import Sweep, SweepError
 from .units import format_bytes, format_count, format_tokens, table
 
 __all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "render_markdown", "render_terminal", "row_key",

@@ -29,7 +29,7 @@ from .markers import (
     merged_kwargs,
     parse_marker_kwargs,
 )
-from .baseline import BaselineError, compare, entry_key, load, save
+from .baseline import BaselineError, Prune, compare, entry_key, load, save
 from . import plots
 from .reporting import Row, RowKey, SweepRow, append_once, render_json, render_markdown, render_terminal, row_key, write_atomic
 from .result import versions
@@ -37,7 +37,7 @@ from .result import versions
 if TYPE_CHECKING:
     from .result import Profile
     from .settings import Settings
-    from .sweep import Sweep
+    from .series import Sweep
 
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 BOUNDS_KEY = pytest.StashKey[Bounds]()
@@ -277,6 +277,8 @@ def _ours(value: object) -> dict[str, Any] | None:
 FILE_ERROR = "attncost: could not write the {what} ({path}): {reason}; the other reports were written"
 PRUNE_SKIPPED = ("attncost: --attncost-save-prune pruned nothing: {why}; entries of tests this run did not see "
                  "were kept (prune after a complete run)")
+PRUNE_SCOPED = ("attncost: --attncost-save-prune pruned only entries of tests under {paths} (the paths this run was "
+                "given); the others were kept")
 
 
 class AttncostSession:
@@ -323,6 +325,45 @@ class AttncostSession:
         if not reasons and ran < self.collected:
             reasons.append(f"only {ran} of {self.collected} collected tests ran")
         return "; ".join(dict.fromkeys(reasons)) if reasons else None
+
+    def _prune_scope(self) -> tuple[str, ...] | str:
+        """The paths (relative to the rootdir, "" for all of it) whose tests this run collected, or why a
+        positional argument selects part of them (a node id, a module under --pyargs)."""
+        config = self.config
+        if getattr(config.option, "pyargs", False):
+            return "--pyargs names modules, not the suite's paths"
+        paths = []
+        for arg in config.args:
+            relative = self._relative(arg)
+            if "::" in arg:
+                return f"the node id {arg} selects part of the suite"
+            if relative is None:
+                return f"{arg} lies outside the rootdir ({config.rootpath})"
+            paths.append(relative)
+        return tuple(paths) or ("",)
+
+    def _prune(self, session: pytest.Session) -> Prune | None:
+        """What --attncost-save-prune may drop this run (None: nothing, and the reason is noted)."""
+        blocker, scope = self._prune_blocker(session), self._prune_scope()
+        if isinstance(scope, str) or blocker is not None:
+            self.file_errors.append(PRUNE_SKIPPED.format(why=blocker or scope))
+            return None
+        option = self.config.option
+        ignored = tuple(p if self._relative(p) is None else str(self._relative(p))
+                        for p in getattr(option, "ignore", None) or ())
+        ignored += tuple(getattr(option, "ignore_glob", None) or ())
+        if "" not in scope:
+            self.file_errors.append(PRUNE_SCOPED.format(paths=", ".join(scope)))
+        return Prune(frozenset(self.outcomes), scope, ignored)
+
+    def _relative(self, path: str) -> str | None:
+        """*path* (as given on the command line) relative to the rootdir ("" for the rootdir), or None
+        outside it."""
+        try:
+            relative = (self.config.invocation_params.dir / path).resolve().relative_to(self.config.rootpath.resolve())
+        except ValueError:
+            return None
+        return "" if relative == Path() else relative.as_posix()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each test phase, on the controller too under xdist: collect outcomes and profiles."""
@@ -414,17 +455,11 @@ class AttncostSession:
                 self.sweeps[where[id(row)]] = sweeps[index]
 
     def _save(self, session: pytest.Session, rows: list[Row]) -> None:
-        keep: set[str] | None = None
-        if self.settings.save_prune:
-            blocker = self._prune_blocker(session)
-            if blocker is None:
-                keep = set(self.outcomes)
-            else:
-                self.file_errors.append(PRUNE_SKIPPED.format(why=blocker))
+        prune = self._prune(session) if self.settings.save_prune else None
         path = self.settings.save_path
         assert path is not None
         try:
-            save(path, rows, keep)
+            save(path, rows, prune)
         except BaselineError as exc:
             self.file_errors.append(f"attncost: the baseline was not saved: {exc}")
         except OSError as exc:

@@ -22,7 +22,7 @@ FLOORS = {
     "baseline": 6, "__init__": 6,
     "api": 5, "reporting": 5,
     "pipeline": 4, "timing": 4, "markers": 4,
-    "counting": 3, "inputs": 3, "cache": 3, "sweep": 3,
+    "counting": 3, "inputs": 3, "cache": 3, "series": 3,
     "families": 2, "result": 2, "roles": 2, "plots": 2,
     "formulas": 1, "units": 1, "ops": 1, "one_run": 1, "errors": 1,
 }
@@ -129,3 +129,24 @@ def test_the_guard_sees_an_upward_import(tmp_path: Path) -> None:
     nested = tmp_path / "__init__.py"
     nested.write_text("from ..errors import CountError\nfrom .jit import count_forward\n")
     assert _imports("counting", nested, modules) == {"errors", "counting.jit"}
+
+
+def test_no_public_name_is_shadowed_by_a_submodule() -> None:
+    # `import pytest_attncost.x` sets the package's attribute x to the module: a function of the same name
+    # in __all__ (sweep, once) would then be a module after any import of it
+    public = set(ast.literal_eval(next(
+        node.value for node in ast.walk(ast.parse((PACKAGE / "__init__.py").read_text()))
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__")))
+    assert public and not public & {name.split(".")[0] for name in _modules()}
+
+
+def test_sweep_is_the_function_after_every_submodule_is_imported() -> None:
+    import subprocess
+    import sys
+
+    names = " ".join(f"pytest_attncost.{name}" for name in _modules() if name != "__main__")
+    code = f"import {names.replace(' ', ', ')}\nfrom pytest_attncost import sweep, measure, profile\n" \
+           "assert all(callable(f) and not hasattr(f, '__path__') and f.__module__ == 'pytest_attncost.api' " \
+           "for f in (sweep, measure, profile)), (sweep, measure, profile)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

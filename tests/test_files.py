@@ -62,6 +62,37 @@ def test_prune_needs_a_complete_run(suite: pytest.Pytester, how: list[str]) -> N
     assert saved_tests(suite.path / "base.json") == ["test_a", "test_b", "test_c", "test_d"]
 
 
+def test_prune_after_a_run_given_paths_or_node_ids_drops_only_what_it_could_see(project: pytest.Pytester) -> None:
+    # the baseline holds tests in two directories; a run given one of them (or one node id) never drops the other's
+    for where in ("suite/unit", "suite/other"):
+        (project.path / where).mkdir(parents=True)
+        (project.path / where / f"test_{where[6:]}.py").write_text(SUITE)
+    base = project.path / "base.json"
+
+    def saved() -> list[str]:
+        return sorted(row["test_id"] for row in json.loads(base.read_text())["profiles"])
+
+    project.runpytest("suite", f"--attncost-save={base}").assert_outcomes(passed=8)
+    everything = saved()
+    assert len(everything) == 8
+    by_id = project.runpytest("suite/unit/test_unit.py::test_a", f"--attncost-save={base}", "--attncost-save-prune")
+    by_id.stdout.fnmatch_lines(["attncost: --attncost-save-prune pruned nothing: the node id "
+                                "suite/unit/test_unit.py::test_a selects part of the suite*"])
+    assert saved() == everything
+    project.runpytest("suite/unit", f"--attncost-save={base}", "--attncost-save-prune").stdout.fnmatch_lines(
+        ["attncost: --attncost-save-prune pruned only entries of tests under suite/unit *"])
+    assert saved() == everything
+    # a test removed under the path given goes; the other directory's tests stay, even those --ignore hides
+    (project.path / "suite/unit/test_unit.py").write_text(SUITE.split("@pytest.mark.attncost(n=16)\ndef test_d")[0])
+    project.runpytest("suite", "--ignore=suite/other", f"--attncost-save={base}",
+                      "--attncost-save-prune").assert_outcomes(passed=3)
+    assert saved() == [test for test in everything if test != "suite/unit/test_unit.py::test_d"]
+    # a run over the whole suite prunes as before
+    (project.path / "suite/other/test_other.py").write_text(SUITE.split("@pytest.mark.attncost(n=16)\ndef test_c")[0])
+    project.runpytest(f"--attncost-save={base}", "--attncost-save-prune").assert_outcomes(passed=5)
+    assert len(saved()) == 5
+
+
 def test_concurrent_saves_lose_nothing(suite: pytest.Pytester) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(suite.path), os.environ.get("PYTHONPATH", "")])}
     for attempt in range(1):  # before the lock, every attempt lost one run's entries (5 of 5)

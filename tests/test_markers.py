@@ -26,7 +26,7 @@ from pytest_attncost.markers import (
     parse_time_bound,
 )
 from pytest_attncost.result import Profile
-from pytest_attncost.sweep import Sweep
+from pytest_attncost.series import Sweep
 from test_timing import shares
 
 # --- parse_marker_kwargs: every keyword, every wrong value a user will try -----------------------------

@@ -79,7 +79,7 @@ def test_terminal_and_markdown_show_the_same_sections():
 
 
 def test_a_sweep_row_round_trips_and_solves_its_thresholds_again():
-    from pytest_attncost.sweep import Sweep
+    from pytest_attncost.series import Sweep
 
     # by hand for this shape (D = 128, f = 512, 2 layers): attention = FFN at n = 2·D = 256, quadratic
     # term = linear terms at n = 6·D = 768

@@ -8,7 +8,7 @@ import pytest
 
 import tiny_models as tm
 from pytest_attncost import ModelSpec, api, profile
-from pytest_attncost.sweep import Sweep, SweepError
+from pytest_attncost.series import Sweep, SweepError
 
 
 def test_bert_shapes_crossovers_are_exact_integers():

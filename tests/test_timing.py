@@ -24,7 +24,7 @@ from pytest_attncost.api import measure, measure_sweep
 from pytest_attncost.errors import TimingError
 from pytest_attncost.plots import plot_time_shares
 from pytest_attncost.result import PARTS, Timing
-from pytest_attncost.sweep import TimingSweep
+from pytest_attncost.series import TimingSweep
 from pytest_attncost.timing import _event_tree, _op_macs, _Placement, _split_repeat
 
 # --- injected timings: bounds, lines, JSON ---------------------------------------------------
