@@ -366,8 +366,7 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
     Raises:
         baseline.BaselineError: a file that is missing, corrupt or of another schema.
     """
-    before, _ = baseline.load(old)
-    after, _ = baseline.load(new)
+    before, after = _load(old), _load(new)
     added = sorted(after.keys() - before.keys())
     removed = sorted(before.keys() - after.keys())
     common = sorted(before.keys() & after.keys())
@@ -400,6 +399,14 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
     return lines, GREW if regressions else 0
 
 
+def _load(path: Path) -> dict[Any, dict[str, Any]]:
+    try:
+        return baseline.load(path)[0]
+    except RecursionError as exc:  # the JSON parser's limit, met before any schema check
+        raise baseline.BaselineError(f"baseline {path} is nested too deeply to be an attncost report ({exc}); "
+                                     f"fix or delete it, or re-create it with --attncost-save={path}") from None
+
+
 def _compare(argv: Sequence[str]) -> int:
     parser = _compare_arguments(argparse.ArgumentParser(prog="python -m pytest_attncost compare",
                                                         description=_COMPARE_HELP))
@@ -424,6 +431,9 @@ NO_ATTRIBUTE = ("cannot use {target}: module {module} has no attribute {name!r}{
                 "zero-argument function defined in {module}")
 NOT_CALLABLE = ("cannot use {target}: {name} is not callable (it is {kind}); point at a zero-argument "
                 "function that returns the model (an nn.Module)")
+
+EXITED = ("cannot use {target}: the factory called sys.exit({code!r}); a factory must return the model "
+          "(an nn.Module), not end the program")
 
 NO_INPUTS = ("; the command line builds default inputs only (transformers models, torch's Transformer modules): "
              "for others call pytest_attncost.profile(factory, n, inputs=...) in Python")
@@ -490,7 +500,11 @@ def load_factory(target: str) -> Callable[[], Any]:
     module, sep, attribute = target.rpartition(":")
     if not sep or not module or not attribute:
         raise TargetError(NOT_A_TARGET.format(target=target))
-    value: Any = _import_module(target, module)
+    path = list(sys.path)
+    try:  # the module's siblings import while it loads; ones its factory imports later are the user's to reach
+        value: Any = _import_module(target, module)
+    finally:  # a sibling named like a dependency (fvcore.py) must not replace it for the rest of the process
+        sys.path[:] = path
     for part in attribute.split("."):
         if not hasattr(value, part):
             names = [n for n in dir(value) if not n.startswith("_")]
@@ -529,6 +543,8 @@ def _profile(argv: Sequence[str]) -> int:
             swept = sweep(factory, args.n, batch=args.batch, backend="torch")
         except ProfileError:
             swept = None
+        except SystemExit as exc:  # not KeyboardInterrupt: that one ends the command
+            parser.error(EXITED.format(target=args.target, code=exc.code))
         if swept is not None:
             one_run = swept.one_run
             by_n = {p.n: p for p in swept}
@@ -539,6 +555,8 @@ def _profile(argv: Sequence[str]) -> int:
         except ProfileError as exc:
             hint = NO_INPUTS if "inputs=" in str(exc) else ""
             parser.error(f"{args.target} at n={n}: {exc}{hint}")
+        except SystemExit as exc:  # parser.error's own exit, from the clause above, is not caught here
+            parser.error(EXITED.format(target=args.target, code=exc.code))
         rows.append(reporting.Row(args.target, result))
     if args.json:
         _print(reporting.render_json(rows).rstrip("\n"))

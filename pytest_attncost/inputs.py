@@ -205,7 +205,15 @@ def decode_lengths(target: nn.Module, built: Built, n: int | None, batch: int, b
         batch = _held_batch(target, args, kwargs, shape, spec, parts, batch, batch_given)
     if n is None:  # pragma: no cover - profile() refuses a decode step without n
         raise ProfileError("mode='decode' needs n=")
+    keys = {keys for _, keys, _ in parts.lengths}
+    if n and keys and max(keys) <= new_tokens:
+        raise ProfileError(NO_CACHE_SEEN.format(n=n, keys=max(keys), new_tokens=new_tokens))
     return n, batch
+
+
+NO_CACHE_SEEN = ("a decode step against a cache of n={n} tokens was asked for, but the attention saw {keys} key(s), no "
+                 "more than the step's own new_tokens={new_tokens}: the model never received the cache; pass it in "
+                 "inputs= (a past_key_values= or a cache argument holding n tokens), or profile a prefill")
 
 
 def _common_queries(parts: Split) -> int | None:

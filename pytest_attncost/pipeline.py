@@ -72,6 +72,9 @@ REAL_NOTE = ("counted on real tensors (the torch backend's last resort): the inp
              "data-dependent branches, so this profile holds for these inputs only and is not cached")
 NOTHING_RAN = ("the forward counted 0 MAC: nothing ran on these inputs (trimmed to 0 tokens?); a profile of "
                "nothing cannot stand for the model: check the inputs")
+CACHE_BYTES_WARNING = ("kv_cache_bytes is 0: the step attended to n={n} cached tokens, but no cache object was found "
+                       "among its inputs (a cache in a plain tuple or list argument is not read as one); pass it as "
+                       "past_key_values= or cache=, or as an object holding its tensors")
 NOT_A_DECODER = ("{name} is not a decoder: its attention is bidirectional (is_causal=False, config.is_decoder is "
                  "False), so a step against a KV cache describes no generation; decode steps are for decoders (GPT-2, "
                  "LLaMA, ...), or an encoder built with is_decoder=True")
@@ -236,6 +239,8 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
     warnings += _formula_warnings(result)
     if counted.unchecked:
         warnings.append(counted.unchecked)
+    if result.kv_cache_bytes == 0:
+        warnings.append(CACHE_BYTES_WARNING.format(n=n))
     if parts.halved and not decoding:  # local attention keeps fewer pairs than n(n+1)/2
         for kind, tokens, count in families.local_attention(target):
             if n > tokens:

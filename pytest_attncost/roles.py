@@ -157,10 +157,11 @@ class Flow:
         self.group_of = {i: g for g, members in enumerate(self.groups) for i in members}
 
     def _scores(self, i: int) -> bool:
-        """A forward product of two activations whose result is a matrix row-wise (scores, K^T V), not a vector."""
+        """A forward product of two activations whose result has rows (scores, K^T V; one column when a step
+        attends to a single key)."""
         record = self.records[i]
         return (i in self.consumers and record.origin == "activation" and is_product(record.op)
-                and len(record.out_shape) >= 2 and record.out_shape[-1] > 1)
+                and len(record.out_shape) >= 2)
 
     def params(self, indices: Iterable[int]) -> list[int]:
         """The parameter products among *indices* that multiply a matrix (a product of vectors with a parameter

@@ -135,6 +135,7 @@ def test_compare_keys_entries_by_mode_and_backend(tmp_path, capsys):
         ('{"schema": 1, "unit": "MAC", "profiles": [', "is not valid JSON (truncated or corrupt?)"),
         ('{"schema": 99, "unit": "MAC", "profiles": []}', "has schema 99; this pytest-attncost reads schema 1"),
         ('{"a": 1}', "is not an attncost baseline"),
+        pytest.param("[" * 100_000 + "]" * 100_000, "is nested too deeply to be an attncost report (", id="nested"),
     ],
 )
 def test_compare_unreadable_files_are_usage_errors(tmp_path, capsys, content, message):
@@ -148,6 +149,7 @@ def test_compare_unreadable_files_are_usage_errors(tmp_path, capsys, content, me
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert "python -m pytest_attncost compare: error: baseline" in err and str(bad) in err and message in err
+        assert err.splitlines()[-1].startswith("python -m pytest_attncost compare: error: baseline")  # one line
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "nan", "inf"])
@@ -279,3 +281,70 @@ def test_profile_needs_lengths(capsys):
         cli.main(["profile", f"{TINY}:bert_like"])
     assert exit_info.value.code == 2
     assert "the following arguments are required: --n" in capsys.readouterr().err
+
+
+ENCODER = """from torch import nn
+
+import sibling_layer  # a sibling imported while the module is: found beside it
+
+
+def build():
+    layer = nn.TransformerEncoderLayer(sibling_layer.WIDTH, 2, 16, batch_first=True)
+    return nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+"""
+
+
+@pytest.mark.parametrize("form", ["file", "dotted"])
+def test_profile_leaves_sys_path_as_it_was(tmp_path, monkeypatch, capsys, form):
+    # a sibling named like a dependency must not replace it for what the command imports after the user's module
+    from pytest_attncost import clear_cache, formulas
+
+    clear_cache()  # counted afresh, so fvcore is imported after the user's module
+    (tmp_path / "attncost_sibling_model.py").write_text(ENCODER)
+    (tmp_path / "sibling_layer.py").write_text("WIDTH = 8\n")
+    (tmp_path / "fvcore.py").write_text("raise ImportError('the sibling fvcore.py was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    for name in [m for m in sys.modules if m == "fvcore" or m.startswith("fvcore.")]:
+        monkeypatch.delitem(sys.modules, name)  # imported afresh by the count; the originals come back after
+    for name in ("attncost_sibling_model", "sibling_layer"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    before = list(sys.path)
+    target = f"{tmp_path / 'attncost_sibling_model.py'}:build" if form == "file" else "attncost_sibling_model:build"
+    try:
+        assert cli.main(["profile", target, "--n", "8"]) == 0
+    finally:
+        sys.modules.pop("sibling_layer", None)
+        sys.modules.pop("attncost_sibling_model", None)
+    assert sys.path == before
+    assert Path(sys.modules["fvcore"].__file__).parent.name == "fvcore"  # the package, not the sibling
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{target}: TransformerEncoder, batch 1, counted by fvcore, ")
+    layer = formulas.layer_costs(formulas.ModelSpec(8, 2, 4, 1, 16), 8, 1)
+    n, _total, core, proj, ffn, _other, _share, deviation, warnings = lines[2].split()
+    assert [n, core, proj, ffn, deviation, warnings] == [
+        "8", f"{layer.attention_core:,}", f"{layer.attention_proj:,}", f"{layer.ffn:,}", "0", "0"]
+
+
+@pytest.mark.parametrize(("body", "code", "options"), [
+    ("sys.exit(0)", "0", []),
+    ("sys.exit()", "None", []),
+    ("raise SystemExit('bye')", "'bye'", []),
+    ("sys.exit(0)", "0", ["--n", "16", "--backend", "torch"]),  # the torch backend's sweep
+])
+def test_profile_a_factory_that_exits_is_an_error(tmp_path, monkeypatch, capsys, body, code, options):
+    (tmp_path / "exits.py").write_text(f"import sys\n\n\ndef build():\n    {body}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["profile", "exits.py:build", "--n", "8", *options])
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"python -m pytest_attncost profile: error: cannot use exits.py:build: the factory called "
+            f"sys.exit({code}); a factory must return the model") in err
+
+
+def test_profile_a_factory_interrupted_is_not_swallowed(tmp_path, monkeypatch):
+    (tmp_path / "interrupted.py").write_text("def build():\n    raise KeyboardInterrupt\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["profile", "interrupted.py:build", "--n", "8"])

@@ -11,6 +11,7 @@ from torch import nn
 from pytest_attncost import ModelSpec, ProfileError, profile
 from pytest_attncost import formulas
 from pytest_attncost.cli import PRESETS, main
+from pytest_attncost.pipeline import CACHE_BYTES_WARNING
 from pytest_attncost.result import Profile
 from pytest_attncost.units import parse_bytes
 
@@ -219,6 +220,25 @@ def test_bad_decode_arguments():
         profile(CachedDecoder(), 8, mode="decode", new_tokens=2, inputs=_step_inputs, spec=TINY)
     with pytest.raises(ProfileError, match="cannot build a KV cache"):
         profile(CachedDecoder(), 8, mode="decode")
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_a_decode_step_whose_model_never_gets_the_cache_is_an_error(backend):
+    # one new token and no cache argument: the attention sees 1 key, not the 64 cached ones
+    with pytest.raises(ProfileError, match=r"cache of n=64 tokens was asked for, but the attention saw 1 key\(s\), no "
+                                           r"more than the step's own new_tokens=1: the model never received the cache"):
+        profile(CachedDecoder(), 64, mode="decode", inputs=lambda n, b: (torch.zeros(b, 1, 16),), spec=TINY,
+                backend=backend)
+    # two new tokens and a cache of 3: the attention sees 5 keys, the cache holds 2 x [1, 2, 3, 8] floats
+    def step_inputs(n, b):
+        return {"x": torch.zeros(b, 2, 16), "cache": (torch.zeros(b, 2, n, 8), torch.zeros(b, 2, n, 8))}
+
+    step = profile(CachedDecoder(), 3, mode="decode", new_tokens=2, backend=backend, spec=TINY, inputs=step_inputs)
+    assert (step.attention_core, step.kv_cache_bytes, step.warnings) == (2 * 1 * 2 * 2 * 5 * 8, 2 * 2 * 3 * 8 * 4, ())
+    # the same cache in a plain tuple argument is not read as one: the 0 bytes carry a warning
+    step = profile(CachedDecoder(), 3, mode="decode", new_tokens=2, backend=backend, spec=TINY,
+                   inputs=lambda n, b: tuple(step_inputs(n, b).values()))
+    assert step.kv_cache_bytes == 0 and step.warnings == (CACHE_BYTES_WARNING.format(n=3),)
 
 
 def test_user_cache_is_left_alone():
