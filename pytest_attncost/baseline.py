@@ -6,13 +6,9 @@ Only JSON is read: nothing is unpickled or evaluated.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import fnmatch
 import math
-import os
-import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .result import Profile
 
+from . import files
 from .reporting import SCHEMA, Row, RowKey, render_documents, row_key
 
-__all__ = ["BaselineError", "Regression", "compare", "entry_key", "load", "merge", "save", "writable", "MAX_BYTES"]
+__all__ = ["BaselineError", "Regression", "compare", "entry_key", "load", "merge", "save", "MAX_BYTES"]
 
 MAX_BYTES = 64 * 1024 * 1024
 PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
@@ -54,11 +51,10 @@ def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
         raise BaselineError(f"baseline {path} does not exist; create it with --attncost-save={path}")
     if path.is_dir():
         raise BaselineError(f"baseline {path} is a directory, not a JSON file")
-    size = path.stat().st_size
-    if size > MAX_BYTES:
-        raise BaselineError(f"baseline {path} is {size:,} bytes, over the {MAX_BYTES:,}-byte limit; {fix}")
-    with open(path, "rb") as handle:
-        raw = handle.read(MAX_BYTES + 1)
+    try:
+        raw = files.read(path, MAX_BYTES)
+    except files.Refused as exc:
+        raise BaselineError(f"baseline {exc}; give the path of a JSON file") from None
     if len(raw) > MAX_BYTES:
         raise BaselineError(f"baseline {path} is over the {MAX_BYTES:,}-byte limit; {fix}")
     if not raw.strip():
@@ -67,6 +63,8 @@ def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
         document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BaselineError(f"baseline {path} is not valid JSON (truncated or corrupt?): {exc}; {fix}") from None
+    except RecursionError as exc:  # the parser's limit, met before any schema check
+        raise BaselineError(f"baseline {path} is nested too deeply to be an attncost report ({exc}); {fix}") from None
     if not isinstance(document, dict) or "profiles" not in document or "schema" not in document:
         raise BaselineError(f"baseline {path} is not an attncost baseline (no 'schema' and 'profiles'); {fix}")
     if document["schema"] != SCHEMA:
@@ -198,65 +196,45 @@ def render_baseline(entries: Iterable[Mapping[str, Any]]) -> str:
     return render_documents(sorted(clean, key=entry_key))
 
 
-def writable(path: Path) -> str | None:
-    """Why a baseline cannot be saved to *path* (through a symlink: to its target), or None."""
-    target = path.resolve() if path.is_symlink() else path
-    # no write bit for anyone: the owner's intent, which root's access would override
-    if target.exists() and (not target.stat().st_mode & 0o222 or not os.access(target, os.W_OK)):
-        return (f"baseline {path} is read-only{f' (through the link to {target})' if target != path else ''}; "
-                f"make it writable (chmod u+w {target}) or save elsewhere")
-    return None
+LOCK_HELD = ("the lock {lock} was still held after {timeout:g} s: another pytest run saving to this baseline "
+             "holds it (or one that was stopped); let it finish or raise --attncost-lock-timeout, or delete the lock "
+             "file if no run is active")
+LOCK_FAILED = ("cannot take the lock {lock}: {reason}; every run saving to this baseline locks that file, so it must "
+               "be a file this user can create or write (delete it if another user left it and no run is active)")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _drop_stale_temporaries(target: Path) -> None:
-    """Temporary files of saves that were killed (SIGKILL leaves them): removed once their process is gone."""
-    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(\d+)\.tmp$")
-    for candidate in target.parent.glob(f".{target.name}.*.tmp"):
-        match = pattern.match(candidate.name)
-        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
-            candidate.unlink(missing_ok=True)
-
-
-def save(path: Path, rows: Iterable[Row], prune: Prune | None) -> None:
+def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: float = 60.0) -> None:
     """Merge this run's profiles into the baseline at *path*, under a file lock, atomically.
 
-    Another process saving to the same file waits for the lock, and each merges into what the
-    other wrote, so concurrent runs lose nothing. A symlink is followed (the link stays a link),
-    a read-only file is refused, the file keeps its permissions, and temporaries left by killed
-    saves are removed.
+    Another process saving to the same file waits for the lock (up to *lock_timeout* seconds), and each
+    merges into what the other wrote, so concurrent runs lose nothing. The file is written by
+    :func:`files.write`: a symlink is followed (the link stays a link), a read-only file is refused, the
+    file keeps its permissions; temporaries left by killed saves are removed.
 
     Raises:
-        BaselineError: the file is read-only, or what it holds now cannot be read.
+        BaselineError: the file is read-only, the lock cannot be taken in time, or what the file holds now
+            cannot be read.
     """
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
-    problem = writable(path)
+    problem = files.unwritable(path)
     if problem is not None:
-        raise BaselineError(problem)
+        raise BaselineError(f"baseline {problem}")
     target = path.resolve() if path.is_symlink() else path
-    # the lock lives in the temporary directory, keyed by the file's real path: nothing is left in
-    # the user's repository, and every process on this machine saving to that file takes the same lock
-    key = hashlib.sha1(str(target.resolve()).encode("utf-8")).hexdigest()[:16]
-    with FileLock(str(Path(tempfile.gettempdir()) / f"pytest-attncost-{key}.lock")):
-        _drop_stale_temporaries(target)
+    # Beside the file's real path, so that every process that can write the baseline sees it (containers, tox
+    # environments and hosts on a shared file system too). It stays after the save: filelock leaves a flock'ed
+    # file in place, since removing it would let a waiter on the old file and a newcomer on a new one both hold it.
+    lock_path = target.with_name(f".{target.name}.lock")
+    lock = FileLock(str(lock_path), timeout=lock_timeout)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise BaselineError(LOCK_HELD.format(lock=lock_path, timeout=lock_timeout)) from None
+    except OSError as exc:
+        raise BaselineError(LOCK_FAILED.format(lock=lock_path, reason=exc.strerror or exc)) from None
+    try:
+        files.drop_temporaries(target)
         existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
-        mode = target.stat().st_mode & 0o7777 if target.exists() else None
-        text = render_baseline(merge(existing, [row.to_dict() for row in rows], prune))
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            if mode is not None:
-                os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        files.write(target, render_baseline(merge(existing, [row.to_dict() for row in rows], prune)))
+    finally:
+        lock.release()

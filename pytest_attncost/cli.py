@@ -366,7 +366,7 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
     Raises:
         baseline.BaselineError: a file that is missing, corrupt or of another schema.
     """
-    before, after = _load(old), _load(new)
+    before, after = baseline.load(old)[0], baseline.load(new)[0]
     added = sorted(after.keys() - before.keys())
     removed = sorted(before.keys() - after.keys())
     common = sorted(before.keys() & after.keys())
@@ -397,14 +397,6 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
                   + (f"{len(regressions)} part{'s' if len(regressions) != 1 else ''} grew beyond "
                      f"{max_increase:g}%" if regressions else f"no part grew beyond {max_increase:g}%")]
     return lines, GREW if regressions else 0
-
-
-def _load(path: Path) -> dict[Any, dict[str, Any]]:
-    try:
-        return baseline.load(path)[0]
-    except RecursionError as exc:  # the JSON parser's limit, met before any schema check
-        raise baseline.BaselineError(f"baseline {path} is nested too deeply to be an attncost report ({exc}); "
-                                     f"fix or delete it, or re-create it with --attncost-save={path}") from None
 
 
 def _compare(argv: Sequence[str]) -> int:

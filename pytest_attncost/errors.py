@@ -3,12 +3,19 @@
 :class:`ProfileError` is raised by ``profile()``, ``sweep()``, ``decode_sweep()`` and ``measure()``
 for bad arguments and for models that cannot be counted; :class:`CountError` is the subclass
 raised where a counter failed, :class:`TimingError` where a timed run could not be made. The
-model's name is put in front of the message in one place (:func:`named`), by the pipeline.
+model's name is put in front of the message in one place (:func:`named`), by the pipeline; where a
+model's own forward failed, :func:`site` and :func:`hint` say where and why, from the traceback.
 """
 
 from __future__ import annotations
 
-__all__ = ["CountError", "ProfileError", "TimingError", "named"]
+import linecache
+import os
+import sysconfig
+import traceback
+from typing import Any
+
+__all__ = ["CountError", "ProfileError", "TimingError", "hint", "named", "site"]
 
 
 class ProfileError(ValueError):
@@ -31,3 +38,55 @@ def named(name: str, exc: ProfileError) -> ProfileError:
     renamed = type(exc)(f"{name}: {message}")
     renamed.__cause__ = exc.__cause__
     return renamed
+
+
+#: Code that is not the model's: the counters, the plugin, pytest and the standard library.
+_NOT_THE_MODEL = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "fvcore", "pytest_attncost", "_pytest", "pluggy"))
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+#: A failure's cause, told by its message, and the fix for it (the first that matches).
+_CAUSES = (
+    (("unsupported scalarType", "autocast"),
+     "the model enters torch.autocast (or asks for its dtype) with device_type taken from a tensor, which is "
+     "'meta' while counting and unknown to autocast: take the device type from the config or guard it with "
+     "`if x.device.type != 'meta'`, or pass the model built on the CPU (not a factory)"),
+    (("Cannot copy out of meta tensor", "on meta tensors", "DataDependentOutput", "data-dependent",
+      "_local_scalar_dense", "cannot be converted to Python"),
+     "forward() reads tensor values (.item(), bool(tensor), .tolist(), printing, .cpu() or numpy), which a "
+     "counted forward does not have: read them from the config or the inputs' shapes, or pass the model built "
+     "on the CPU (not a factory) so that the torch backend runs it on real tensors at small n"),
+    (("nonzero", "DynamicOutputShape"),
+     "forward() picks rows by their values (nonzero, where or a boolean mask: mixture-of-experts routing as "
+     "transformers 4 writes it), which a counted forward does not have: pass the model built on the CPU (not a "
+     "factory) so that the torch backend runs it on real tensors at small n; transformers 5 runs its experts "
+     "as matrix products the meta device counts"),
+    (("same device", "found at least two devices", "meta and cpu", "cpu and meta"),
+     "forward() mixes the model's tensors with a tensor it holds outside its parameters and buffers (a plain "
+     "attribute, or a closure over a real tensor), which does not move with the model: register it with "
+     "self.register_buffer(...)"),
+    (("Boolean value of Tensor", "symbolic", "guard"),
+     "forward() branches in Python on tensor values: branch on shapes or on the config instead"),
+)
+_DEFAULT_HINT = "make forward() traceable (no Python control flow on tensor values), or pass inputs= that it accepts"
+
+
+def site(exc: BaseException, model: Any) -> str:
+    """Where in *model* the failure *exc* happened: the innermost module on the stack (its dotted name and
+    class) and the model's own source line, as ``in blocks.0.attn (Attention) at file.py:12 (`code`)``;
+    empty when the traceback holds neither."""
+    names = {id(module): name for name, module in model.named_modules()} if hasattr(model, "named_modules") else {}
+    module = line = ""
+    for frame, number in traceback.walk_tb(exc.__traceback__):
+        owner = frame.f_locals.get("self")
+        if owner is not None and id(owner) in names:
+            module = f" in {names[id(owner)] or 'the model'} ({type(owner).__name__})"
+        file = frame.f_code.co_filename
+        if not (file.startswith("<") or file.startswith(_STDLIB) and "site-packages" not in file
+                or any(part in file for part in _NOT_THE_MODEL)):
+            line = f" at {file}:{number} (`{linecache.getline(file, number).strip()}`)"
+    return module + line
+
+
+def hint(reason: str) -> str:
+    """The fix for a counter's failure, by its cause as the message tells it."""
+    return next((fix for needles, fix in _CAUSES if any(needle in reason for needle in needles)), _DEFAULT_HINT)

@@ -17,11 +17,14 @@ A new family is one small change here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import sys
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -369,6 +372,20 @@ def prepare_twin(twin: nn.Module) -> list[str]:
     return notes
 
 
+@contextlib.contextmanager
+def traceable() -> Iterator[None]:
+    """transformers 4 looks for packed sequences in the position ids and, under a trace, builds their mask with
+    vmap indexing that torch's jit tracer cannot follow (``_Map_base::at``). On the meta device positions have
+    no values to pack, so while fvcore traces the search finds none (transformers 5 traces it as it is)."""
+    masking = sys.modules.get("transformers.masking_utils")
+    version = getattr(sys.modules.get("transformers"), "__version__", "5")
+    if masking is None or not hasattr(masking, "find_packed_sequence_indices") or int(version.split(".")[0]) >= 5:
+        yield
+        return
+    with mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
+
+
 def experts_of(model: nn.Module) -> dict[str, int]:
     """Modules holding mixture-of-experts weights -> number of experts.
 
@@ -423,12 +440,6 @@ def _cache_argument(model: nn.Module, params: Mapping[str, Any]) -> str:
                       f"{DECODE_INPUTS_HINT}")
 
 
-def _layer_types(config: Any) -> list[str]:
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    return list(get_layer_types_and_kwargs(config)[0])
-
-
 def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
                   dtype: torch.dtype | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The inputs of one decode step of a transformers decoder, on the meta device.
@@ -455,7 +466,6 @@ def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
     cache_name = _cache_argument(model, params)
     try:
         spec = spec_from_config(config)
-        types = _layer_types(config)
         cache = DynamicCache(config=config)
     except Exception as exc:  # noqa: BLE001 - the config is the user's
         raise ProfileError(f"cannot build a KV cache for {name} ({type(exc).__name__}: {exc}); "
@@ -464,7 +474,7 @@ def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
     unknown = sorted(kinds - set(_PLAIN_LAYERS) - set(_SLIDING_LAYERS))
     if unknown or len(cache.layers) != spec.layers:
         why = f"cache layers {', '.join(unknown)}" if unknown else f"{len(cache.layers)} cache layers for {spec.layers}"
-        raise ProfileError(f"{name}: {why} ({', '.join(sorted(set(types)))}): the decode formulas describe full and "
+        raise ProfileError(f"{name}: {why} ({', '.join(sorted(kinds))}): the decode formulas describe full and "
                           f"sliding-window attention caches only; {DECODE_INPUTS_HINT}")
     meta = torch.device("meta")
     dtype = dtype or float_dtype(model)
@@ -491,15 +501,16 @@ def sliding_spec(model: nn.Module) -> tuple[int | None, int]:
     if config is None or not hasattr(config, "model_type"):
         return None, 0
     try:
-        types = _layer_types(config)
-        windows = {getattr(layer_config, "sliding_window", None) for layer_config, kind
-                   in zip(config.per_layer_config, types) if kind == "sliding_attention"}
+        from transformers import DynamicCache
+
+        layers = DynamicCache(config=config).layers
     except Exception:  # noqa: BLE001 - no cache structure known: no window
         return None, 0
-    known = [int(window) for window in windows if window is not None]
-    if len(known) != 1:
+    sliding = [layer for layer in layers if type(layer).__name__ in _SLIDING_LAYERS]
+    windows = [getattr(layer, "sliding_window", None) for layer in sliding]
+    if not windows or None in windows or len(set(windows)) != 1:
         return None, 0
-    return known[0], sum(kind == "sliding_attention" for kind in types)
+    return int(windows[0] or 0), len(sliding)
 
 
 def local_attention(model: nn.Module) -> list[tuple[str, int, int]]:

@@ -22,7 +22,7 @@ from torch.utils import _pytree as pytree
 from . import families
 from .errors import ProfileError
 from .formulas import ModelSpec
-from .roles import Split
+from .parts import Split
 
 __all__ = ["Built", "build", "cache_bytes", "decode_lengths", "folded_sequences", "fresh", "read_lengths", "to_meta",
            "to_real", "token_shape", "user_inputs"]

@@ -31,7 +31,9 @@ __all__ = [
     "attention_macs",
     "is_fused",
     "is_product",
+    "parent",
     "short",
+    "within",
 ]
 
 Shape = Sequence[int]
@@ -183,6 +185,16 @@ VIEW_OPS = frozenset({
 def short(op: str) -> str:
     """``aten::mm`` -> ``mm``."""
     return op.split("::", 1)[-1]
+
+
+def within(scope: str, module: str) -> bool:
+    """Whether *scope* is *module* or inside it (every scope is inside the root, ``""``)."""
+    return module == "" or scope == module or scope.startswith(module + ".")
+
+
+def parent(name: str) -> str:
+    """``a.b.c`` -> ``a.b``; ``a`` -> ``""``."""
+    return name.rpartition(".")[0]
 
 
 def ancestors(scope: str) -> list[str]:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from . import cache, counting, families, inputs, one_run
+from . import parts as parts_mod
 from . import roles as roles_mod
 from .counting import Counted, Options
 from .errors import ProfileError, named
@@ -152,7 +153,7 @@ class Placement:
 
     assigned: Mapping[str, str]
     structure: roles_mod.Structure | None
-    parts: roles_mod.Split
+    parts: parts_mod.Split
     spec: ModelSpec | None
     notes: tuple[str, ...]
     spec_read: bool  # read from the config (a given spec= is kept as it is)
@@ -164,7 +165,7 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
     decoding = setup.options.mode == "decode"
     structure = None
     if roles is not None:
-        assigned = roles_mod.explicit_roles(roles, list(raw.module_names))
+        assigned = parts_mod.explicit_roles(roles, raw.module_names)
     else:
         structure = roles_mod.find_structure(raw.records, setup.containers, setup.experts, raw.outputs)
         assigned = structure.roles()
@@ -192,10 +193,10 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
         # a hybrid stack: the formulas put attention in every one of the config's layers
         notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))
         spec = None
-    parts = roles_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional)
+    parts = parts_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional)
     if setup.options.causal == "half" and decoding:
         notes.append(DECODE_HALF_NOTE)
-    outside = roles_mod.outside_note(parts, structure)
+    outside = parts_mod.outside_note(parts, structure)
     if outside is not None:
         notes.append(outside)
     if not parts.halved:
@@ -235,7 +236,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         kv_cache_bytes=inputs.cache_bytes(built.args, built.kwargs) if decoding else None,
         roles=dict(placement.assigned), roles_given=structure is None, outside=dict(sorted(parts.outside.items())),
     )
-    warnings = roles_mod.structure_warnings(parts, structure, raw.records, spec, setup.model_name)
+    warnings = parts_mod.structure_warnings(parts, structure, raw.records, spec, setup.model_name)
     warnings += _formula_warnings(result)
     if counted.unchecked:
         warnings.append(counted.unchecked)

@@ -8,18 +8,20 @@ imported only here, only when a plot is asked for.
 from __future__ import annotations
 
 import hashlib
+import io
 import re
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from . import formulas
+from . import files, formulas
 from .formulas import ModelSpec
 from .units import format_count
 
 __all__ = ["MISSING_MATPLOTLIB", "plot_decode", "plot_sweep", "plot_time_shares", "require_matplotlib", "shares_plot",
-           "stem_for"]
+           "stem_for", "stems_for"]
 
 MISSING_MATPLOTLIB = "plots need matplotlib: pip install 'pytest-attncost[plot]'"
 FORMATS = ("png", "svg")
@@ -37,23 +39,40 @@ def require_matplotlib() -> None:
 MAX_STEM = 120  # file systems allow 255 bytes a name; leave room for the suffix
 
 
-def stem_for(test_id: str, name: str) -> str:
-    """A file-name stem from a test id and a model name; a long one is cut and keeps a hash of the whole."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{test_id}-{name}").strip("_")
-    if len(stem) <= MAX_STEM:
+def stem_for(test_id: str, name: str, position: int = 0, twin: bool = False) -> str:
+    """A file-name stem from a test id and a model name, readable and never shared with another sweep's."""
+    readable = f"{test_id}-{name}".replace("::", "_")
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", readable).strip("_")
+    if stem == readable and len(stem) <= MAX_STEM and not twin:
         return stem
-    digest = hashlib.sha1(stem.encode("utf-8")).hexdigest()[:10]
+    # replaced ("sp ace", "a/b"), cut, or a twin in this run: + hash of id, name, position among the test's sweeps of it
+    digest = hashlib.sha1(f"{test_id}\0{name}\0{position}".encode("utf-8")).hexdigest()[:10]
     return f"{stem[: MAX_STEM - 11]}-{digest}"
 
 
+def stems_for(sweeps: Sequence[tuple[str, str]]) -> list[str]:
+    """The stems of a run's sweeps, given as (test id, model name) in the report's order; no two alike."""
+    positions, seen = [], Counter[tuple[str, str]]()
+    for key in sweeps:
+        positions.append(seen[key])
+        seen[key] += 1
+    plain = Counter(stem_for(test_id, name) for test_id, name in sweeps)
+    return [stem_for(test_id, name, position, plain[stem_for(test_id, name)] > 1)
+            for (test_id, name), position in zip(sweeps, positions)]
+
+
+def _write_figure(figure: Any, path: Path, fmt: str) -> None:
+    buffer = io.BytesIO()
+    # No dates in the files: the same sweep gives the same bytes.
+    metadata = {"svg": {"Date": None}, "png": {"Software": None}}.get(fmt)
+    figure.savefig(buffer, format=fmt, metadata=metadata, bbox_inches="tight")
+    files.write(path, buffer.getvalue())
+
+
 def _save(figure: Any, directory: Path, stem: str) -> list[Path]:
-    paths = []
-    for fmt in FORMATS:
-        path = directory / f"{stem}.{fmt}"
-        # No dates in the files: the same sweep gives the same bytes.
-        metadata = {"Date": None} if fmt == "svg" else {"Software": None}
-        figure.savefig(path, format=fmt, metadata=metadata, bbox_inches="tight")
-        paths.append(path)
+    paths = [directory / f"{stem}.{fmt}" for fmt in FORMATS]
+    for path, fmt in zip(paths, FORMATS):
+        _write_figure(figure, path, fmt)
     return paths
 
 
@@ -186,7 +205,7 @@ def plot_decode(spec: ModelSpec, ns: Any, path: Any, new_tokens: int = 1, batch:
     ax.set_ylabel("MAC per new token (whole model)")
     ax.set_title("decode step against a KV cache")
     ax.legend()
-    target = Path(path)
-    figure.savefig(target, bbox_inches="tight", metadata={"Date": None} if target.suffix == ".svg" else None)
+    target = Path(path) if Path(path).suffix else Path(path).with_suffix(".png")  # savefig's default format
+    _write_figure(figure, target, target.suffix[1:])
     plt.close(figure)
     return target

@@ -26,7 +26,7 @@ from .series import Sweep, SweepError
 from .units import format_bytes, format_count, format_tokens, table
 
 __all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "render_markdown", "render_terminal", "row_key",
-           "sections", "sort_rows", "write_atomic"]
+           "sections", "sort_rows"]
 
 SCHEMA = 1
 
@@ -546,25 +546,3 @@ def render_documents(entries: Sequence[Mapping[str, Any]], sweeps: Sequence[Mapp
     if sweeps:
         document["sweeps"] = [{k: v for k, v in s.items() if k != "profiles"} for s in sweeps]
     return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def append_once(path: Path, text: str) -> None:
-    """Append in one write call (GitHub's step summary is shared by every step of a job)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, text.encode("utf-8"))
-    finally:
-        os.close(fd)
-
-

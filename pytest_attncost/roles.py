@@ -1,7 +1,8 @@
-"""Split counted ops into attention_core, attention_proj, ffn and other — by where their data flows.
+"""Which counted ops are attention cores, projections and FFNs — by where their data flows.
 
 Every product record knows which earlier products reach its operands (``OpRecord.sources``), and the
-split follows that data flow, not the classes or containers that hold the ops:
+structure follows that data flow, not the classes or containers that hold the ops
+(:mod:`pytest_attncost.parts` sums the records by the parts found here):
 
 * a **core** is a fused attention op, or two chained products of activations (QK^T whose result
   reaches AV; linear attention's K^T V, then Q (K^T V)); chained cores form one attention call;
@@ -17,46 +18,27 @@ split follows that data flow, not the classes or containers that hold the ops:
 * **attention is attention wherever it runs**: a core outside the layers (Perceiver IO's cross-attention
   blocks, attention-pooling heads) is a core, its projections projections, and the FFN of its block
   (in the block's module, or taking the attention's result and added back to it) is FFN; the formulas
-  describe the layers, so these parts are kept apart in :attr:`Split.outside` and named in a note;
+  describe the layers, so these parts are kept apart (``Split.outside``) and named in a note;
 * a product of two activations in a layer that is no core cannot be placed: ``other``, and a warning.
 
 The data flow checks itself: a product placed as FFN that feeds a core, a projection that also feeds
 an MLP, a core without projections and a layer without FFN among layers with one are warnings naming
-the module and the MACs. ``roles={"attention": [globs], "ffn": [globs]}`` (fnmatch over dotted module
-names) replaces the detection: then a module's role decides (a fused attention op is a core anywhere).
+the module and the MACs. The user's ``roles=`` replaces the detection: then a module's role decides
+(:func:`product_part`; a fused attention op is a core anywhere).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .errors import ProfileError
-from .formulas import ModelSpec
-from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product
+from .ops import OpRecord, ancestors, is_fused, is_product, parent, within
 
-__all__ = ["ROLE_NAMES", "Split", "Structure", "core_scopes", "explicit_roles", "find_structure", "product_part",
-           "outside_note", "role_of", "split", "structure_warnings"]
+__all__ = ["ROLE_NAMES", "Flow", "Structure", "core_scopes", "find_structure", "product_part", "role_of"]
 
 ROLE_NAMES = ("attention", "ffn")
-PARTS = ("attention_core", "attention_proj", "ffn", "other")
 
-#: Warnings on a profile: the cause, the module and the MACs concerned (see DECISIONS: plain strings).
-UNPLACED_WARNING = ("{module}: {macs:,} MAC of products of two activations outside the layer's attention "
-                    "module(s) could not be placed (counted as other); pass roles= to place them")
-NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while the spec says ffn_dim={ffn_dim}; "
-                  "its FFN was not found (counted as other?); pass roles=")
-LAYER_NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while {others} layer(s) beside it "
-                        "have one; its FFN was not found (counted as other?); pass roles=")
-NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran no product the counter knows; "
-                   "see unsupported_ops")
-UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
-                        "cannot tell; counted in full")
-BARE_WARNING = ("{modules}: {count} layer(s) beside the attention layers ran no attention core; their {macs:,} MAC "
-                "(their FFNs included) are counted as other; pass roles= to place them")
 FFN_FEEDS_CORE_WARNING = ("{module}: {macs:,} MAC placed as {part} feed the attention core in {attention} directly, "
                           "from outside its layer (attention without its own projection?); pass roles= to place them")
 SHARED_PROJECTION_WARNING = ("{module}: a projection of the attention in {attention} ({macs:,} MAC, counted as "
@@ -64,40 +46,11 @@ SHARED_PROJECTION_WARNING = ("{module}: a projection of the attention in {attent
                              "projection")
 NO_PROJECTION_WARNING = ("{attention}: its attention core ({macs:,} MAC) is reached by no parameter product: its Q, K "
                          "and V projections were not found; pass roles= to name them")
-OUTSIDE_NOTE = ("attention outside the repeated layers, counted as attention and left out of the formula's layers: "
-                "{modules}: core {core:,}, projections {proj:,}, FFN {ffn:,} MAC")
 
 ROLES_HINT = (
     "pass roles={'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']} "
     "with fnmatch globs over the module names"
 )
-
-
-@dataclass
-class Split:
-    """Counted MACs by part, plus what the attention saw and what could not be placed."""
-
-    attention_core: int = 0
-    attention_proj: int = 0
-    ffn: int = 0
-    ffn_router: int = 0  # part of ffn: the routers of mixture-of-experts layers
-    other: int = 0
-    attention_modules: list[str] = field(default_factory=list)
-    # (queries, keys, batch x heads) per attention call of the layers, in graph order
-    lengths: list[tuple[int, int, int]] = field(default_factory=list)
-    halved: bool = False  # causal self-attention was counted as a half triangle
-    layer_ffn: dict[str, int] = field(default_factory=dict)  # layer -> its ffn MACs
-    unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
-    unknown_masks: dict[str, int] = field(default_factory=dict)  # module -> core MACs under a mask of unknown form
-    outside: dict[str, int] = field(default_factory=dict)  # part -> MACs of attention blocks outside the layers
-
-
-def _parent(name: str) -> str:
-    return name.rpartition(".")[0]
-
-
-def _within(scope: str, module: str) -> bool:
-    return module == "" or scope == module or scope.startswith(module + ".")
 
 
 def _common(scopes: Iterable[str]) -> str:
@@ -284,12 +237,12 @@ class Structure:
 
 def _elements(scope: str, boxes: frozenset[str]) -> list[str]:
     """The elements of containers enclosing *scope*, innermost first."""
-    return [a for a in ancestors(scope) if a and _parent(a) in boxes]
+    return [a for a in ancestors(scope) if a and parent(a) in boxes]
 
 
 def _beside(module: str, flow: Flow, placed: set[int]) -> bool:
     """Whether *module* holds a parameter product that is no projection or core (an FFN beside attention)."""
-    return any(_within(flow.records[i].scope, module) for i in flow.params(flow.products) if i not in placed)
+    return any(within(flow.records[i].scope, module) for i in flow.params(flow.products) if i not in placed)
 
 
 def _layers(flow: Flow, homes: list[str], candidates: set[int], boxes: frozenset[str]) -> list[str | None]:
@@ -307,7 +260,7 @@ def _layers(flow: Flow, homes: list[str], candidates: set[int], boxes: frozenset
 
 def _small_mlp(element: str, flow: Flow) -> bool:
     """An element that is an FFN block: a few parameter products and no product of two activations."""
-    inside = [i for i in flow.products if _within(flow.records[i].scope, element)]
+    inside = [i for i in flow.products if within(flow.records[i].scope, element)]
     return 0 < len(inside) <= 3 and all(flow.records[i].origin == "param" for i in inside)
 
 
@@ -330,13 +283,13 @@ def _members(flow: Flow, layers: dict[str, None], boxes: frozenset[str], candida
     bare: list[str] = []
     scopes = [flow.records[i].scope for i in flow.products]
     cores = [flow.records[i].scope for group in flow.groups for i in group]
-    for container in dict.fromkeys(_parent(layer) for layer in layers if layer and _parent(layer) in boxes):
-        mine = sorted((layer for layer in layers if _parent(layer) == container), key=_index)
-        children = sorted({_child(container, s) for s in scopes if _within(s, container) and s != container},
+    for container in dict.fromkeys(parent(layer) for layer in layers if layer and parent(layer) in boxes):
+        mine = sorted((layer for layer in layers if parent(layer) == container), key=_index)
+        children = sorted({_child(container, s) for s in scopes if within(s, container) and s != container},
                           key=_index)
         if any(_beside(layer, flow, candidates) for layer in mine):
-            bare += [e for e in children if e not in layers and not any(_within(c, e) for c in cores)
-                     and sum(_within(s, e) for s in scopes) >= 3]
+            bare += [e for e in children if e not in layers and not any(within(c, e) for c in cores)
+                     and sum(within(s, e) for s in scopes) >= 3]
             continue
         owner: str | None = None
         for element in children:
@@ -344,11 +297,11 @@ def _members(flow: Flow, layers: dict[str, None], boxes: frozenset[str], candida
                 owner = element
             elif owner is not None and (element in layers or _small_mlp(element, flow)):
                 members[element] = owner
-        for sibling in sorted(b for b in boxes if container and b != container and _parent(b) == _parent(container)):
-            elements = sorted({_child(sibling, s) for s in scopes if _within(s, sibling) and s != sibling}, key=_index)
+        for sibling in sorted(b for b in boxes if container and b != container and parent(b) == parent(container)):
+            elements = sorted({_child(sibling, s) for s in scopes if within(s, sibling) and s != sibling}, key=_index)
             indices = [e.rpartition(".")[2] for e in elements]
-            if indices == [m.rpartition(".")[2] for m in mine] and not any(_within(c, sibling) for c in cores) and all(
-                    sum(_within(s, e) for s in scopes) >= 2 for e in elements):
+            if indices == [m.rpartition(".")[2] for m in mine] and not any(within(c, sibling) for c in cores) and all(
+                    sum(within(s, e) for s in scopes) >= 2 for e in elements):
                 members.update(zip(elements, mine))
     return members, bare
 
@@ -390,7 +343,7 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
         mine = _projections(flow, group, region)
         projections.append(mine)
         module = _common(records[i].scope for i in (*group, *mine.all))
-        if layer is not None and not _within(module, layer):
+        if layer is not None and not within(module, layer):
             module = layer
         (attention.setdefault(layer, {}) if layer is not None else outside)[module] = None
         groups.append((module, tuple(group)))
@@ -418,7 +371,7 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
                              outputs)
     for i in flow.products:
         record = records[i]
-        if parts[i] != "other" or any(_within(record.scope, b) for b in structure.bare):
+        if parts[i] != "other" or any(within(record.scope, b) for b in structure.bare):
             continue
         if i in inside:
             parts[i] = "other" if _table(record) else {"param": "ffn", "buffer": "other"}.get(record.origin, "unplaced")
@@ -479,30 +432,6 @@ def _flow_warnings(flow: Flow, projections: list[Projections], parts: Sequence[s
 # --- roles given by the user ------------------------------------------------------------------------
 
 
-def explicit_roles(roles: Mapping[str, Iterable[str]], names: Sequence[str]) -> dict[str, str]:
-    """Roles from the user's globs. Every glob must match at least one module."""
-    if not isinstance(roles, Mapping):
-        raise ProfileError(f"roles must be a dict such as {{'attention': [...], 'ffn': [...]}}, got {roles!r}")
-    unknown = sorted(set(roles) - set(ROLE_NAMES))
-    if unknown:
-        raise ProfileError(f"unknown role {unknown[0]!r} in roles=; valid roles: {', '.join(ROLE_NAMES)}")
-    assigned: dict[str, str] = {}
-    for role in ROLE_NAMES:
-        globs = roles.get(role, [])
-        if isinstance(globs, str):
-            globs = [globs]
-        for glob in globs:
-            if not isinstance(glob, str):
-                raise ProfileError(f"roles[{role!r}] must hold strings (module-name globs), got {glob!r}")
-            matched = [name for name in names if fnmatch.fnmatchcase(name, glob)]
-            if not matched:
-                shown = ", ".join(repr(n) for n in names if n)[:400] or "(none)"
-                raise ProfileError(f"roles[{role!r}] glob {glob!r} matches no module; module names are: {shown}")
-            for name in matched:
-                assigned.setdefault(name, role)
-    return assigned
-
-
 def role_of(scope: str, roles: Mapping[str, str]) -> str | None:
     """The role of the nearest enclosing module that has one."""
     return next((roles[name] for name in ancestors(scope) if name in roles), None)
@@ -525,168 +454,6 @@ def product_part(role: str | None, fused: bool, origin: str, explicit: bool) -> 
     return "other"
 
 
-def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
-                    ) -> tuple[list[str], list[tuple[str, tuple[int, ...]]]]:
-    """Each record's part by the user's roles, and the attention calls: chained cores, or a core alone."""
-    parts = []
-    for record in records:
-        product = is_product(record.op) or is_fused(record.op)
-        part = product_part(role_of(record.scope, roles), is_fused(record.op), record.origin, True) if product \
-            else "other"
-        parts.append("other" if part == "unplaced" else part)
-    cores = [i for i, part in enumerate(parts) if part == "attention_core" and records[i].backward_of is None]
-    chained = {i: group for group in Flow(records).groups for i in group if all(parts[j] == "attention_core" for j in group)}
-    groups: dict[tuple[int, ...], None] = {tuple(chained.get(i, [i])): None for i in cores}
-    return parts, [(_root(records[g[0]].scope, roles), g) for g in groups]
-
-
-def _root(scope: str, roles: Mapping[str, str]) -> str:
-    """The outermost attention module enclosing *scope* (the scope itself if none)."""
-    return next((name for name in reversed(ancestors(scope)) if roles.get(name) == "attention"), scope)
-
-
 # --- the split -----------------------------------------------------------------------------------------
 
 
-def split(
-    records: Sequence[OpRecord],
-    roles: Mapping[str, str],
-    causal_modules: frozenset[str] | None = None,
-    structure: Structure | None = None,
-    bidirectional: frozenset[str] = frozenset(),
-) -> Split:
-    """Sum the records by part: the *structure*'s (data flow), or by the user's *roles* (module -> role).
-
-    With *causal_modules* (``causal="half"``), the cores of causal self-attention count the half triangle:
-    those of these modules, and those whose record says they ran under a causal mask. Cores of
-    *bidirectional* modules (``is_causal=False``: an encoder's padding mask or position bias) stay in full
-    without a word.
-    """
-    if structure is not None:
-        parts, groups = list(structure.parts), list(structure.groups)
-    else:
-        parts, groups = _explicit_parts(records, roles)
-    result = Split()
-    experts = structure.experts if structure is not None else {}
-    routers = {r.scope for i, r in enumerate(records) if experts and parts[i] == "ffn" and _router(r, experts)}
-    layer_at: dict[str, str | None] = {}  # per scope: records share scopes, layers are per module
-    for index, record in enumerate(records):
-        part, macs = parts[index], record.macs
-        if part == "unplaced":
-            result.unplaced[record.scope] = result.unplaced.get(record.scope, 0) + macs
-            part = "other"
-        if part == "attention_core" and causal_modules is not None:
-            macs = _counted_core(record, causal_modules, bidirectional, result)
-        setattr(result, part, getattr(result, part) + macs)
-        if part == "ffn" and record.scope in routers:
-            result.ffn_router += macs
-        if structure is None or part == "other":
-            continue
-        if record.scope not in layer_at:
-            layer_at[record.scope] = structure.layer_of(record.scope)
-        layer = layer_at[record.scope]
-        if layer is None:
-            result.outside[part] = result.outside.get(part, 0) + macs
-        elif part == "ffn":
-            result.layer_ffn[layer] = result.layer_ffn.get(layer, 0) + macs
-    result.attention_modules = list(dict.fromkeys(module for module, _ in groups))
-    for module, group in groups:
-        if structure is None or module not in structure.outside:
-            lengths = _lengths([records[i] for i in group])
-            if lengths is not None:
-                result.lengths.append(lengths)
-    return result
-
-
-def _counted_core(record: OpRecord, causal_modules: frozenset[str], bidirectional: frozenset[str],
-                  result: Split) -> int:
-    """A core's MACs under ``causal="half"``: the half triangle where it is causal self-attention."""
-    mask = record.mask
-    if mask == "causal" or any(name in causal_modules for name in ancestors(record.scope)):
-        halved = _half(record)
-        result.halved |= halved != record.macs
-        return halved
-    if mask == "unknown" and not any(name in bidirectional for name in ancestors(record.scope)):
-        result.unknown_masks[record.scope] = result.unknown_masks.get(record.scope, 0) + record.macs
-    return record.macs
-
-
-def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
-    """(queries, keys, batch x heads) seen by one attention call's cores.
-
-    Softmax attention's scores ``[.., n, m]`` feed AV as its first operand; otherwise the last
-    core product's output is ``[.., n, d]`` (linear attention's Q (K^T V), fused attention); the keys are sdpa's
-    ``k`` length, or the columns of the first product's output (QK^T: ``[.., n, m]``).
-    """
-    first, last = group[0], group[-1]
-    if len(last.out_shape) < 2:
-        return None
-    queries, leading = last.out_shape[-2], math.prod(last.out_shape[:-2])
-    if not is_fused(first.op) and len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,):
-        # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd")
-        queries, leading = first.out_shape[-2], math.prod(first.out_shape[:-2])
-    if first.op in SDPA_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
-        keys = first.shapes[1][-2]
-    elif len(first.out_shape) >= 2:
-        keys = first.out_shape[-1]
-    else:
-        keys = queries
-    return queries, keys, leading
-
-
-def _half(record: OpRecord) -> int:
-    """The MACs of the n(n+1)/2 query-key pairs a causal mask keeps, for a self-attention core op."""
-    if len(record.shapes) < 2 or any(len(s) < 2 for s in record.shapes[:2]):
-        return record.macs
-    first, second = record.shapes[0], record.shapes[1]
-    n = first[-2]
-    if record.op in SDPA_OPS:
-        self_attention = second[-2] == n
-    else:  # QK^T: [n, d] @ [d, n]; AV and the backward products: [n, n] @ [n, d]
-        self_attention = second[-1] == n or first[-1] == n
-    if not self_attention or record.macs % (n * n):
-        return record.macs
-    # every product over the n x n pairs is MACs = B * n * n * k; keep B * k * n(n+1)/2
-    return record.macs // n * (n + 1) // 2
-
-
-def _router(record: OpRecord, experts: Mapping[str, int]) -> bool:
-    """A parameter product beside an experts module, in its mixture block, with one output per expert."""
-    if not record.out_shape:
-        return False
-    for module, count in experts.items():
-        block = _parent(module)
-        if _within(record.scope, block) and not _within(record.scope, module) and record.out_shape[-1] == count:
-            return True
-    return False
-
-
-def structure_warnings(parts: Split, structure: Structure | None, records: Sequence[OpRecord], spec: ModelSpec | None,
-                       name: str) -> list[str]:
-    """What makes a split doubtful, each naming the module, the MACs and the cause."""
-    found = [UNPLACED_WARNING.format(module=module, macs=macs) for module, macs in parts.unplaced.items()]
-    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs) for module, macs in parts.unknown_masks.items()]
-    if structure is not None:
-        found += structure.warnings
-        without = [layer for layer in structure.layers if not parts.layer_ffn.get(layer)]
-        if spec is not None and (spec.ffn_dim > 0 or spec.moe):
-            found += [NO_FFN_WARNING.format(module=layer or name, ffn_dim=spec.ffn_dim) for layer in without]
-        elif without and len(without) < len(structure.layers):
-            found += [LAYER_NO_FFN_WARNING.format(module=layer or name, others=len(structure.layers) - len(without))
-                      for layer in without]
-        if structure.bare:
-            macs = sum(r.macs for r in records if any(_within(r.scope, b) for b in structure.bare))
-            shown = ", ".join(structure.bare[:3]) + (", ..." if len(structure.bare) > 3 else "")
-            found.append(BARE_WARNING.format(modules=shown, count=len(structure.bare), macs=macs))
-    if parts.attention_modules and parts.attention_core == 0 and (spec is None or spec.heads):
-        found.append(NO_CORE_WARNING.format(modules=", ".join(parts.attention_modules[:3])))
-    return found
-
-
-def outside_note(parts: Split, structure: Structure | None) -> str | None:
-    """The note naming attention outside the repeated layers, with its MACs (None where there is none)."""
-    if structure is None or not structure.outside or not parts.outside:
-        return None
-    shown = ", ".join(structure.outside[:3]) + (", ..." if len(structure.outside) > 3 else "")
-    return OUTSIDE_NOTE.format(modules=shown, core=parts.outside.get("attention_core", 0),
-                               proj=parts.outside.get("attention_proj", 0), ffn=parts.outside.get("ffn", 0))

@@ -30,8 +30,8 @@ from .markers import (
     parse_marker_kwargs,
 )
 from .baseline import BaselineError, Prune, compare, entry_key, load, save
-from . import plots
-from .reporting import Row, RowKey, SweepRow, append_once, render_json, render_markdown, render_terminal, row_key, write_atomic
+from . import files, plots
+from .reporting import Row, RowKey, SweepRow, render_json, render_markdown, render_terminal, row_key
 from .result import versions
 
 if TYPE_CHECKING:
@@ -267,7 +267,7 @@ def _ours(value: object) -> dict[str, Any] | None:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # a user's own property, of any shape
             return None
     if isinstance(value, dict) and isinstance(value.get("test_id"), str) and isinstance(value.get("name"), str):
         return value
@@ -422,25 +422,26 @@ class AttncostSession:
             self._write("plots", self.settings.plot_dir, lambda: self._plot(sweeps, unit), errors=Exception)
         if self.settings.json_path is not None:
             self._write("json", self.settings.json_path,
-                        lambda: write_atomic(self.settings.json_path, render_json(rows, unit, sweeps)))  # type: ignore[arg-type]
+                        lambda: files.write(self.settings.json_path, render_json(rows, unit, sweeps)))  # type: ignore[arg-type]
         markdown = None
         if self.settings.markdown_path is not None:
             markdown = render_markdown(rows, unit, sweeps, self.settings.markdown_path.parent)
             self._write("markdown", self.settings.markdown_path,
-                        lambda: write_atomic(self.settings.markdown_path, markdown))  # type: ignore[arg-type]
+                        lambda: files.write(self.settings.markdown_path, markdown))  # type: ignore[arg-type]
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary and (self.settings.report or self.settings.markdown_path is not None):
             text = render_markdown(rows, unit, sweeps, link_plots=False)
-            self._write("GITHUB_STEP_SUMMARY", Path(summary), lambda: append_once(Path(summary), text))
+            self._write("GITHUB_STEP_SUMMARY", Path(summary), lambda: files.write(Path(summary), text, append=True))
         if self.file_errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _write(self, what: str, path: Path, write: Callable[[], None],
-               errors: type[Exception] = OSError) -> None:
+               errors: type[Exception] | tuple[type[Exception], ...] = (OSError, files.Refused)) -> None:
         try:
             write()
         except errors as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror
+                      else str(exc) if isinstance(exc, files.Refused) else f"{type(exc).__name__}: {exc}")
             self.file_errors.append(FILE_ERROR.format(what=what, path=path, reason=reason))
 
     def _plot(self, sweeps: list[SweepRow], unit: str) -> None:
@@ -448,8 +449,9 @@ class AttncostSession:
         assert self.settings.plot_dir is not None
         self.settings.plot_dir.mkdir(exist_ok=True)
         where = {id(row): key for key, row in self.sweeps.items()}
-        for index, row in enumerate(sweeps):
-            paths = plots.plot_sweep(row.to_dict(), self.settings.plot_dir, plots.stem_for(row.test_id, row.sweep.name), unit)
+        stems = plots.stems_for([(row.test_id, row.sweep.name) for row in sweeps])
+        for index, (row, stem) in enumerate(zip(sweeps, stems)):
+            paths = plots.plot_sweep(row.to_dict(), self.settings.plot_dir, stem, unit)
             sweeps[index] = row.replace(plots=tuple(str(path) for path in paths))
             if id(row) in where:  # the terminal summary, later, names the plots too
                 self.sweeps[where[id(row)]] = sweeps[index]
@@ -459,8 +461,8 @@ class AttncostSession:
         path = self.settings.save_path
         assert path is not None
         try:
-            save(path, rows, prune)
-        except BaselineError as exc:
+            save(path, rows, prune, self.settings.lock_timeout)
+        except (BaselineError, files.Refused) as exc:
             self.file_errors.append(f"attncost: the baseline was not saved: {exc}")
         except OSError as exc:
             self.file_errors.append(FILE_ERROR.format(what="baseline", path=path, reason=exc.strerror or exc))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .baseline import writable
+from . import files
 from .plots import require_matplotlib
 from .units import UNITS
 
@@ -28,6 +29,8 @@ _SAVE_HELP = "Save every profile of the run to this JSON baseline (merged with w
 _PRUNE_HELP = "With --attncost-save: drop baseline entries of tests this run did not see."
 _COMPARE_HELP = "Compare every profile with this JSON baseline; a regression fails its test."
 _INCREASE_HELP = "Allowed growth over the baseline, in percent (default 0: any increase fails)."
+_LOCK_TIMEOUT_HELP = ("Seconds --attncost-save waits for the lock of another run saving to the same baseline, then "
+                      "gives up with a message naming the lock file (default 60).")
 _COMPARE_STRICT_HELP = "Fail the session when baseline entries were not seen in this run."
 _BACKEND_HELP = "Default counter: fvcore (jit trace, default) or torch (FlopCounterMode on fake tensors)."
 _CROSSCHECK_HELP = "Count every profile with both backends; fail a test whose counts disagree."
@@ -56,6 +59,7 @@ class Settings:
     backend: str = "fvcore"
     crosscheck: bool = False
     cache: bool = True
+    lock_timeout: float = 60.0  # seconds
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -72,26 +76,13 @@ class Settings:
                 )
         json_path = _report_path(config, "attncost_json", "--attncost-json")
         markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown")
-        save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save")
+        save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save", what="baseline")
         compare_path = _path_value(config, "attncost_compare", "attncost_compare")
         _distinct({"--attncost-json": json_path, "--attncost-markdown": markdown_path,
                    "--attncost-save": save_path, "--attncost-compare": compare_path})
-        raw_increase = config.getoption("attncost_max_increase")
-        if raw_increase is None:
-            text = str(config.getini("attncost_max_increase")).strip() or "0"
-            try:
-                raw_increase = _percent(text)
-            except ValueError:
-                raise pytest.UsageError(
-                    f"attncost_max_increase = {text!r} in the ini file: expected a percentage such as 2.5"
-                ) from None
         plot_dir = _plot_dir(config)
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
-        if save_path is not None:
-            problem = writable(save_path)
-            if problem is not None:
-                raise pytest.UsageError(f"--attncost-save={save_path}: {problem}")
         full = bool(config.getoption("attncost_report_full"))
         return cls(
             report=full or flag("attncost_report", "attncost_report"),
@@ -103,13 +94,26 @@ class Settings:
             save_path=save_path,
             save_prune=bool(config.getoption("attncost_save_prune")),
             compare_path=compare_path,
-            max_increase=raw_increase,
+            max_increase=_number(config, "attncost_max_increase", _percent, "0", "a percentage such as 2.5"),
             compare_strict=flag("attncost_compare_strict", "attncost_compare_strict"),
             plot_dir=plot_dir,
             backend=_backend(config),
             crosscheck=flag("attncost_crosscheck", "attncost_crosscheck"),
             cache=_ini_bool(config, "attncost_cache") if config.getoption("attncost_no_cache") is None else False,
+            lock_timeout=_number(config, "attncost_lock_timeout", _seconds, "60", "seconds >= 0, such as 60"),
         )
+
+
+def _number(config: pytest.Config, dest: str, parse: Callable[[str], float], default: str, expected: str) -> float:
+    """A number: the option, else its ini twin of the same name (a value that cannot be read is a usage error)."""
+    value = config.getoption(dest)
+    if value is not None:
+        return float(value)
+    text = str(config.getini(dest)).strip() or default
+    try:
+        return parse(text)
+    except ValueError:
+        raise pytest.UsageError(f"{dest} = {text!r} in the ini file: expected {expected}") from None
 
 
 def _distinct(named: dict[str, Path | None]) -> None:
@@ -176,7 +180,22 @@ def _percent_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}") from None
 
 
-def _report_path(config: pytest.Config, dest: str, option: str, ini: str | None = None) -> Path | None:
+def _seconds(text: str) -> float:
+    value = float(text.strip())
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        return _seconds(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 such as 60, got {text!r}") from None
+
+
+def _report_path(config: pytest.Config, dest: str, option: str, ini: str | None = None,
+                 what: str = "report") -> Path | None:
     """A report path, checked before any test runs: a lost report after a long run helps no one."""
     path = _path_value(config, dest, ini)
     if path is None:
@@ -189,8 +208,9 @@ def _report_path(config: pytest.Config, dest: str, option: str, ini: str | None 
         raise pytest.UsageError(f"{option}={value}: directory {parent} does not exist; create it first")
     if not parent.is_dir():
         raise pytest.UsageError(f"{option}={value}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK):
-        raise pytest.UsageError(f"{option}={value}: directory {parent} is not writable")
+    problem = files.unwritable(path)  # read-only, a socket, a directory the file cannot be replaced in
+    if problem is not None:
+        raise pytest.UsageError(f"{option}={value}: {what} {problem}")
     return path
 
 
@@ -235,6 +255,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--attncost-save-prune", action="store_true", default=False, help=_PRUNE_HELP)
     group.addoption("--attncost-compare", metavar="PATH", default=None, help=_COMPARE_HELP)
     group.addoption("--attncost-max-increase", metavar="PCT", type=_percent_arg, default=None, help=_INCREASE_HELP)
+    group.addoption("--attncost-lock-timeout", metavar="SECONDS", type=_seconds_arg, default=None,
+                    help=_LOCK_TIMEOUT_HELP)
     group.addoption("--attncost-compare-strict", action="store_true", default=None, help=_COMPARE_STRICT_HELP)
     group.addoption("--attncost-plot", metavar="DIR", default=None, help=_PLOT_HELP)
     group.addoption("--attncost-backend", metavar="NAME", type=_backend_arg, default=None, help=_BACKEND_HELP)
@@ -247,6 +269,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("attncost_save", _SAVE_HELP, default="")
     parser.addini("attncost_compare", _COMPARE_HELP, default="")
     parser.addini("attncost_max_increase", _INCREASE_HELP, default="0")
+    parser.addini("attncost_lock_timeout", _LOCK_TIMEOUT_HELP, default="60")
     parser.addini("attncost_compare_strict", _COMPARE_STRICT_HELP, type="bool", default=False)
     parser.addini("attncost_unit", _UNIT_HELP, default="mac")
     parser.addini("attncost_strict", _STRICT_HELP, type="bool", default=False)

@@ -18,7 +18,7 @@ How a forward pass is timed:
   (forward pre/post hooks on the copy). Every op the profiler sees directly inside
   a module's range (not inside another op) is timed: its inclusive CPU time on the CPU, the
   device time of the kernels it launched on a GPU.
-* Each op goes to a part by the same rules as ``profile()``'s MACs (:func:`roles.split`), with
+* Each op goes to a part by the same rules as ``profile()``'s MACs (:func:`parts.split`), with
   the role map the profile carries (:attr:`Profile.roles`), extended to ops that do not multiply:
 
   ====================  ===========================================================

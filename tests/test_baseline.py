@@ -1,11 +1,12 @@
 """Baselines: save, compare, merge, and every way a baseline file can be bad."""
 
 import json
+import os
 
 import pytest
 
 from pytest_attncost import baseline as baseline_mod
-from pytest_attncost.reporting import write_atomic
+from pytest_attncost.files import write
 
 SUITE = """
 import os
@@ -151,6 +152,7 @@ def test_json_report_serves_as_baseline(suite):
         ('{"benchmarks": []}', "baseline * is not an attncost baseline*"),
         ('{"schema": 1, "unit": "MAC", "profiles": [{"test_id": "x"}]}', "baseline *: profile #0 has no valid 'name'*"),
         ('{"schema": 1, "unit": "MAC", "profiles": [], "x": NaN}', "baseline * is not valid JSON*NaN is not a count*"),
+        ("[" * 100_000 + "]" * 100_000, "baseline * is nested too deeply to be an attncost report*"),
     ],
 )
 def test_bad_baselines_are_usage_errors(suite, content, message):
@@ -178,7 +180,7 @@ def test_missing_and_conflicting_options(suite):
 def test_dev_null_and_huge_baselines(tmp_path, monkeypatch):
     link = tmp_path / "null.json"
     link.symlink_to("/dev/null")
-    with pytest.raises(baseline_mod.BaselineError, match="is empty"):
+    with pytest.raises(baseline_mod.BaselineError, match=r"is not a regular file \(a character device\)"):
         baseline_mod.load(link)
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as handle:
@@ -191,14 +193,12 @@ def test_interrupted_save_leaves_previous_baseline(tmp_path, monkeypatch):
     path = tmp_path / "base.json"
     path.write_text("previous")
 
-    def interrupted(self, *args, **kwargs):
-        with open(self, "w") as handle:
-            handle.write('{"half": ')
+    def interrupted(fd):  # the temporary holds the data; Ctrl-C before the rename
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(type(path), "write_text", interrupted)
+    monkeypatch.setattr(os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        write_atomic(path, '{"schema": 1}')
+        write(path, '{"schema": 1}')
     monkeypatch.undo()
     assert path.read_text() == "previous"
     assert [p.name for p in tmp_path.iterdir()] == ["base.json"]  # no temp file left behind

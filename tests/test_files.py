@@ -104,7 +104,8 @@ def test_concurrent_saves_lose_nothing(suite: pytest.Pytester) -> None:
         outputs = [run.communicate(timeout=300)[0].decode() for run in runs]
         assert [run.returncode for run in runs] == [0, 0], outputs
         assert saved_tests(target) == ["test_a", "test_b", "test_c", "test_d"]
-        assert sorted(p.name for p in suite.path.iterdir() if p.name.startswith(".")) == []  # no lock left
+        # the lock stays beside the baseline (filelock keeps a flock'ed file); no temporary is left
+        assert sorted(p.name for p in suite.path.iterdir() if p.name.startswith(".")) == [f".same{attempt}.json.lock"]
 
 
 def test_saving_through_a_symlink_keeps_the_link(suite: pytest.Pytester) -> None:
@@ -316,3 +317,246 @@ def test_two_sessions_writing_one_report(project):
 
 # xdist: the report is written once, from the controller: see test_outcomes'
 # test_worker_crash_under_xdist_keeps_finished_tests (one -n 2 session checks both).
+
+
+# --- one writer, one reader: planted links, private temporaries, locks beside the file, special files -------
+
+
+def test_a_planted_temporary_link_is_not_followed(suite: pytest.Pytester) -> None:
+    # another user plants links at the temporary names the files would have had (.NAME.PID.tmp, in-process: this pid)
+    base, victim = suite.path / "base.json", suite.path / "victim"
+    suite.runpytest(f"--attncost-save={base}").assert_outcomes(passed=4)
+    base.chmod(0o600)
+    victim.write_text("victim\n")
+    victim.chmod(0o644)
+    for name in ("base.json", "report.json", "report.md"):
+        (suite.path / f".{name}.{os.getpid()}.tmp").symlink_to(victim)
+    result = suite.runpytest(f"--attncost-save={base}", "--attncost-json=report.json", "--attncost-markdown=report.md")
+    result.assert_outcomes(passed=4)
+    assert victim.read_text() == "victim\n" and oct(victim.stat().st_mode & 0o777) == "0o644"
+    for name in ("base.json", "report.json", "report.md"):
+        assert not (suite.path / name).is_symlink() and (suite.path / name).stat().st_size > 100, name
+    assert oct(base.stat().st_mode & 0o777) == "0o600" and saved_tests(base) == ["test_a", "test_b", "test_c", "test_d"]
+
+
+def test_a_temporary_is_private_while_it_holds_the_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path / "base.json"
+    base.write_text(baseline_mod.render_baseline([]))
+    base.chmod(0o640)
+    seen: list[tuple[str, int]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def watched_fsync(fd: int) -> None:
+        seen.append(("fsync", os.fstat(fd).st_mode & 0o777))  # the data is written and flushed: who may read it?
+        fsync(fd)
+
+    def watched_replace(source: str, target: str) -> None:
+        seen.append(("replace", os.stat(source).st_mode & 0o777))
+        replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", watched_fsync)
+    monkeypatch.setattr(os, "replace", watched_replace)
+    baseline_mod.save(base, [], None)
+    new = tmp_path / "new.json"
+    baseline_mod.save(new, [], None)
+    monkeypatch.undo()
+    umask = os.umask(0o077)
+    os.umask(umask)
+    assert seen == [("fsync", 0o600), ("replace", 0o640), ("fsync", 0o600), ("replace", 0o666 & ~umask)]
+    assert base.stat().st_mode & 0o777 == 0o640 and new.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+SLOW_SAVE = """
+import sys, time
+from pathlib import Path
+from pytest_attncost import baseline
+
+render = baseline.render_baseline
+def slow(entries):  # widen the window between reading the baseline and replacing it
+    time.sleep(1.5)
+    return render(entries)
+baseline.render_baseline = slow
+
+class Row:
+    def to_dict(self):
+        parts = dict(total=1, attention_core=0, attention_proj=0, ffn=1, other=0)
+        return dict(test_id="t.py::" + sys.argv[2], name="m", n=16, batch=1, **parts)
+
+baseline.save(Path(sys.argv[1]), [Row()], None)
+"""
+
+
+def test_saves_from_different_temporary_directories_exclude_each_other(tmp_path: Path) -> None:
+    # two containers (or tox environments) on one shared file system: each has its own TMPDIR
+    target = tmp_path / "shared" / "base.json"
+    target.parent.mkdir()
+    runs = []
+    for name in ("test_one", "test_two"):
+        (tmp_path / name).mkdir()
+        env = {**os.environ, "TMPDIR": str(tmp_path / name)}
+        runs.append(subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(target), name], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = [run.communicate(timeout=120)[0].decode() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert saved_tests(target) == ["test_one", "test_two"]
+    assert sorted(p.name for p in target.parent.iterdir()) == [".base.json.lock", "base.json"]
+
+
+def test_a_held_lock_fails_the_save_in_time(suite: pytest.Pytester) -> None:
+    from filelock import FileLock
+
+    base = suite.path / "base.json"
+    suite.runpytest(f"--attncost-save={base}", "-k", "test_a").assert_outcomes(passed=1)
+    before = base.read_bytes()
+    with FileLock(str(suite.path / ".base.json.lock")):  # a run that stopped (Ctrl-Z) while it saved
+        result = suite.runpytest_subprocess(f"--attncost-save={base}", "--attncost-lock-timeout=2", "-k", "test_b",
+                                            timeout=120)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([f"attncost: the baseline was not saved: the lock {suite.path}/.base.json.lock was "
+                                 "still held after 2 s: another pytest run saving to this baseline holds it*delete "
+                                 "the lock file if no run is active*"])
+    assert base.read_bytes() == before
+
+
+def test_a_lock_that_cannot_be_taken_is_named(suite: pytest.Pytester) -> None:
+    (suite.path / ".base.json.lock").mkdir()  # what root's denied permissions cannot show: no lock can be opened
+    result = suite.runpytest("--attncost-save=base.json", "-k", "test_a")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["attncost: the baseline was not saved: cannot take the lock *.base.json.lock: *"])
+    assert not (suite.path / "base.json").exists()
+
+
+@pytest.mark.parametrize(("option", "ini", "message"), [
+    ("--attncost-lock-timeout=soon", "", "*--attncost-lock-timeout: expected a number of seconds >= 0*'soon'*"),
+    ("", "attncost_lock_timeout = -1", "*attncost_lock_timeout = '-1' in the ini file: expected seconds >= 0*"),
+])
+def test_a_bad_lock_timeout_is_a_usage_error(project: pytest.Pytester, option: str, ini: str, message: str) -> None:
+    if ini:
+        project.makeini(f"[pytest]\n{ini}\n")
+    result = project.runpytest(*[o for o in (option,) if o])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+@pytest.mark.skipif(not (Path("/dev/null").is_char_device() and os.access("/dev/null", os.W_OK)),
+                    reason="needs a writable /dev/null")
+def test_dev_null_as_a_report_is_written_in_place(project: pytest.Pytester) -> None:
+    project.makepyfile(test_suite=ONE_PROFILE)
+    result = project.runpytest("--attncost-json=/dev/null")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK and Path("/dev/null").is_char_device()
+
+
+def test_dev_null_as_the_baseline_is_not_a_regular_file(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--attncost-compare=/dev/null")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*baseline /dev/null is not a regular file (a character device)*"])
+    result.stderr.no_fnmatch_line("*is empty*")
+
+
+@pytest.mark.parametrize("option", ["--attncost-save", "--attncost-compare"])
+def test_a_fifo_as_the_baseline_is_refused_without_hanging(suite: pytest.Pytester, option: str) -> None:
+    os.mkfifo(suite.path / "base.json")
+    result = suite.runpytest_subprocess(f"{option}=base.json", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*baseline *base.json is not a regular file (a FIFO)*"])
+
+
+def test_a_fifo_as_a_report_is_written_in_place_or_refused(project: pytest.Pytester) -> None:
+    import threading
+
+    project.makepyfile(test_suite="def test_x():\n    pass\n")  # no model: the subprocess need not import torch
+    read, unread = project.path / "read.fifo", project.path / "unread.fifo"
+    os.mkfifo(read)
+    os.mkfifo(unread)
+    received: list[bytes] = []
+
+    def reader() -> None:  # `--attncost-json=>(jq .)` in a shell: someone reads the pipe
+        with open(read, "rb") as handle:
+            received.append(handle.read())
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    result = project.runpytest_subprocess(f"--attncost-json={read}", f"--attncost-markdown={unread}", timeout=120)
+    thread.join(timeout=30)
+    result.assert_outcomes(passed=1)
+    assert json.loads(received[0])["schema"] == 1
+    result.stdout.fnmatch_lines([f"attncost: could not write the markdown ({unread}): {unread} is a FIFO that no "
+                                 "process is reading*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert read.is_fifo() and unread.is_fifo()
+
+
+def test_a_symlinked_report_stays_a_link(project: pytest.Pytester) -> None:
+    project.makepyfile(test_suite=ONE_PROFILE)
+    (project.path / "runs").mkdir()
+    (project.path / "reports").mkdir()
+    for name in ("latest.json", "latest.md"):
+        (project.path / "runs" / name).write_text("stale\n")
+        (project.path / "reports" / name).symlink_to(project.path / "runs" / name)
+    project.runpytest("--attncost-json=reports/latest.json", "--attncost-markdown=reports/latest.md").assert_outcomes(
+        passed=1)
+    assert all((project.path / "reports" / name).is_symlink() for name in ("latest.json", "latest.md"))
+    assert json.loads((project.path / "runs" / "latest.json").read_text())["profiles"][0]["n"] == 16
+    assert "## attncost report" in (project.path / "runs" / "latest.md").read_text()
+
+
+def test_a_read_only_report_is_refused(project: pytest.Pytester) -> None:
+    project.makepyfile(test_suite=ONE_PROFILE)
+    report = project.path / "report.json"
+    report.write_text("kept\n")
+    report.chmod(0o444)  # the mode bits, not access(): root could write it anyway
+    result = project.runpytest("--attncost-json=report.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--attncost-json=report.json: *report.json is read-only; make it writable "
+                                 "(chmod u+w *report.json) or write elsewhere*"])
+    assert report.read_text() == "kept\n" and oct(report.stat().st_mode & 0o777) == "0o444"
+
+
+def test_plot_stems_never_collide() -> None:
+    from pytest_attncost import plots
+
+    ids = [("t.py::test_x[sp ace]", "m"), ("t.py::test_x[sp_ace]", "m"), ("a/b/../c.py::t", "m"),
+           ("a_b_.._c.py::t", "m"), ("t.py::test_y", "m"), ("t.py::test_y", "m")]
+    stems = plots.stems_for(ids)
+    assert len(set(stems)) == len(ids), stems
+    assert stems == plots.stems_for(ids)  # stable: the same run names its files the same way
+    assert stems[4].startswith("t.py_test_y-m-") and stems[5].startswith("t.py_test_y-m-")
+    assert stems[0].startswith("t.py_test_x_sp_ace_-m-") and stems[3] == "a_b_.._c.py_t-m"
+    assert plots.stems_for([("t.py::test_y", "m")]) == ["t.py_test_y-m"]  # nothing replaced, no twin: no hash
+
+
+def test_two_sweeps_of_one_model_in_one_test_get_their_own_plots(project: pytest.Pytester) -> None:
+    project.makepyfile(test_plotted="""
+        from tiny_models import torch_encoder
+
+        def test_sweeps(attncost):
+            attncost.sweep(torch_encoder, [8, 16, 32])
+            attncost.sweep(torch_encoder, [8, 16, 32])
+    """)
+    result = project.runpytest("--attncost-plot=plots", "--attncost-markdown=report.md")
+    result.assert_outcomes(passed=1)
+    names = sorted(p.name for p in (project.path / "plots").iterdir())
+    assert len(names) == 8, names  # shares and parts, PNG and SVG, twice
+    markdown = (project.path / "report.md").read_text()
+    linked = {line.split("(")[1].rstrip(")") for line in markdown.splitlines() if line.lstrip().startswith("![")}
+    assert len(linked) == 4 and all((project.path / link).exists() for link in linked), linked  # two PNGs a sweep
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a link to another user needs root")
+def test_a_link_another_user_planted_in_a_shared_directory_is_not_followed(tmp_path: Path) -> None:
+    from pytest_attncost import files
+
+    shared, victim = tmp_path / "shared", tmp_path / "victim"
+    shared.mkdir()
+    shared.chmod(0o1777)  # /tmp: anyone may write, the sticky bit keeps each user's names their own
+    victim.write_text("victim\n")
+    (shared / "report.json").symlink_to(victim)
+    os.lchown(shared / "report.json", 65534, 65534)
+    with pytest.raises(files.Refused, match="report.json is a link that another user .uid 65534. made"):
+        files.write(shared / "report.json", "{}")
+    assert victim.read_text() == "victim\n" and (shared / "report.json").is_symlink()
+    os.lchown(shared / "report.json", 0, 0)  # this user's own link is followed, and stays a link
+    files.write(shared / "report.json", "{}")
+    assert victim.read_text() == "{}" and (shared / "report.json").is_symlink()

@@ -8,7 +8,7 @@ from torch import nn
 from pytest_attncost.errors import ProfileError
 from pytest_attncost.families import INPUTS_HINT
 from pytest_attncost.inputs import Built, build, cache_bytes, fresh, read_lengths, token_shape
-from pytest_attncost.roles import Split
+from pytest_attncost.parts import Split
 
 WIDTH = 64
 

@@ -262,3 +262,13 @@ def test_litgpt_gqa_gets_its_formula_without_a_warning() -> None:
     p = profile(_litgpt, N, batch=B, inputs=ids)
     assert p.spec is not None and (p.spec.kv_heads, p.spec.head_dim, p.spec.gated) == (2, DH, True)
     assert (p.deviation, p.warnings) == (0, ())
+
+
+def test_x_transformers_roles_by_class_name_and_regex_give_the_same_split() -> None:
+    # attention and FFN blocks alternate in one list (layers.0, layers.1, ...): a glob would list indexes
+    pytest.importorskip("x_transformers", reason="x_transformers is not installed (pip install -e '.[test]')")
+    expected = X_ROWS[0].split
+    for given in ({"attention": "class:Attention", "ffn": "class:FeedForward"},
+                  {"attention": r"re:attn_layers\.layers\.\d*[02468]\.1", "ffn": r"re:attn_layers\.layers\.\d*[13579]\.1"}):
+        p = profile(X_ROWS[0].factory, N, batch=B, inputs=ids, roles=given)
+        assert (p.attention_core, p.attention_proj, p.ffn) == expected, given

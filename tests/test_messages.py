@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 import tiny_models as tm
-from pytest_attncost import ProfileError, cli, inputs, profile
+from pytest_attncost import ProfileError, cli, errors, inputs, profile
 
 
 def test_roles_as_a_list_names_the_form() -> None:
@@ -52,3 +54,62 @@ def test_cli_into_a_closed_pipe_is_quiet() -> None:
                           shell=True, capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("llama-2-7b: hidden 4096")
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+# --- a model that cannot be counted: where, and why ------------------------------------------------------
+
+W = 16
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.qkv, self.o = torch.nn.Linear(W, 3 * W), torch.nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "values" and x.abs().sum().item() > 1e9:  # a value read: the line the message names
+            x = x * 2
+        if self.kind == "autocast":
+            torch.get_autocast_dtype(x.device.type)  # autocast asked about 'meta': the line the message names
+        q, k, v = self.qkv(x).chunk(3, -1)
+        return self.o(torch.nn.functional.scaled_dot_product_attention(q, k, v))
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Attention(kind), _Attention(kind)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _line(text: str) -> str:
+    """This file and the line number of *text* in it."""
+    source = Path(__file__).read_text().splitlines()
+    return f"{__file__}:{next(i for i, line in enumerate(source, 1) if text in line)}"
+
+
+@pytest.mark.parametrize(("kind", "code", "fix"), [
+    ("values", "x.abs().sum().item()", "Fix: forward() reads tensor values (.item(), bool(tensor)"),
+    ("autocast", "torch.get_autocast_dtype(x.device.type)", "Fix: the model enters torch.autocast (or asks for "
+                                                            "its dtype) with device_type taken from a tensor"),
+])
+def test_a_model_that_cannot_be_counted_is_named_with_its_module_its_line_and_the_cause(
+        kind: str, code: str, fix: str) -> None:
+    with pytest.raises(ProfileError) as info:
+        profile(lambda: _Model(kind), 8, inputs=lambda n, b: (torch.zeros(b, n, W),))
+    message = str(info.value)
+    for counter in ("fvcore could not trace _Model on the meta device", "FlopCounterMode could not run _Model"):
+        assert f"{counter}" in message
+    assert message.count(f" in layers.0 (_Attention) at {_line(code)} (`") == 2, message
+    assert message.count(fix) == 2 and ".item()" in message if kind == "values" else ".item()" not in message
+
+
+def test_a_failure_of_unknown_cause_gets_the_general_hint_without_item() -> None:
+    error = RuntimeError("something else")
+    assert errors.hint(str(error)) == errors._DEFAULT_HINT and ".item()" not in errors._DEFAULT_HINT
+    assert errors.site(error, _Model("plain")) == ""  # no traceback: nothing to name

@@ -6,7 +6,12 @@ flow (see ``pytest_attncost.roles``). Records here are written the way the count
 
 from __future__ import annotations
 
-from pytest_attncost import roles
+import re
+
+import pytest
+
+from pytest_attncost import parts, roles
+from pytest_attncost.errors import ProfileError
 from pytest_attncost.ops import OpRecord
 
 MAT = ((2, 4, 8), (8, 8))  # a token matrix and a weight: any product with a parameter
@@ -48,7 +53,7 @@ def test_attention_and_ffn_blocks_in_one_list_form_layers() -> None:
     assert structure.layers == ("layers.0", "layers.2")
     assert structure.members == {"layers.1": "layers.0", "layers.3": "layers.2"}
     assert structure.attention == {"layers.0": ("layers.0.1",), "layers.2": ("layers.2.1",)}
-    split = roles.split(records, structure.roles(), structure=structure)
+    split = parts.split(records, structure.roles(), structure=structure)
     assert (split.attention_core, split.attention_proj, split.ffn) == (4 * 3, 8 * 10, 4 * 10)
     assert split.layer_ffn == {"layers.0": 20, "layers.2": 20} and structure.warnings == ()
 
@@ -91,9 +96,9 @@ def test_attention_outside_the_layers_and_the_ffn_that_meets_its_result_again() 
     assert structure.outside == ("pool.attn",) and structure.layers == ("layers.0",)
     assert list(structure.parts[8:]) == ["attention_proj"] * 3 + ["attention_core"] * 2 + ["attention_proj",
                                                                                               "ffn", "ffn", "other"]
-    split = roles.split(records, structure.roles(), structure=structure)
+    split = parts.split(records, structure.roles(), structure=structure)
     assert split.outside == {"attention_core": 6, "attention_proj": 40, "ffn": 20}
-    assert roles.outside_note(split, structure) == roles.OUTSIDE_NOTE.format(modules="pool.attn", core=6, proj=40,
+    assert parts.outside_note(split, structure) == parts.OUTSIDE_NOTE.format(modules="pool.attn", core=6, proj=40,
                                                                              ffn=20)
     # without the residual around it, the MLP is no FFN of the block
     alone = roles.find_structure(records, ["layers"], outputs=((15,), (13,), (16,)))
@@ -116,8 +121,24 @@ def test_cross_attention_blocks_join_the_self_attention_layer_before_them() -> N
 
 def test_roles_given_by_the_user_place_by_module() -> None:
     records = attention("blocks.0.attn", 0) + [param("blocks.0.mlp.up", 5), param("blocks.0.mlp.down", 6)]
-    given = roles.explicit_roles({"attention": ["blocks.*.attn"], "ffn": ["blocks.*.mlp"]},
-                                 ["", "blocks", "blocks.0", "blocks.0.attn", "blocks.0.mlp"])
-    split = roles.split(records, given)
+    classes = {"": "Model", "blocks": "ModuleList", "blocks.0": "Block", "blocks.0.attn": "Attention",
+               "blocks.0.mlp": "FeedForward"}
+    given = parts.explicit_roles({"attention": ["blocks.*.attn"], "ffn": ["blocks.*.mlp"]}, classes)
+    split = parts.split(records, given)
     assert (split.attention_core, split.attention_proj, split.ffn) == (6, 40, 20)
     assert split.attention_modules == ["blocks.0.attn"] and split.lengths == [(8, 8, 8)]
+    # the same modules by class name and by regular expression (a string or a compiled one)
+    assert parts.explicit_roles({"attention": "class:Attention", "ffn": ["class:Feed*"]}, classes) == given
+    assert parts.explicit_roles({"attention": [r"re:blocks\.\d+\.attn"], "ffn": re.compile(r".*\.mlp")},
+                                classes) == given
+
+
+def test_roles_that_match_nothing_or_are_no_patterns_are_errors_naming_the_modules() -> None:
+    classes = {"": "Model", "blocks.0.attn": "Attention"}
+    with pytest.raises(ProfileError, match=r"pattern 'class:Attn' matches no module; the modules are: "
+                                           r"'blocks.0.attn' \(Attention\)"):
+        parts.explicit_roles({"attention": ["class:Attn"]}, classes)
+    with pytest.raises(ProfileError, match=r"'re:\(' is no regular expression"):
+        parts.explicit_roles({"attention": ["re:("]}, classes)
+    with pytest.raises(ProfileError, match=r"must hold module-name globs, 're:REGEX' or 'class:NAME' strings, got 3"):
+        parts.explicit_roles({"ffn": [3]}, classes)

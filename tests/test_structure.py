@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pytest_attncost import ModelSpec, ProfileError, api, families, formulas, pipeline, profile, roles
+from pytest_attncost import ModelSpec, ProfileError, api, families, formulas, parts, pipeline, profile, roles
 from pytest_attncost.families import spec_from_config
 
 D, H, FF, L = 64, 4, 128, 2
@@ -234,7 +234,7 @@ def test_unplaced_products_are_named() -> None:
     n = 16
     p = profile(Stack(OddBlock), inputs=(torch.zeros(1, n, D),))
     unplaced = [w for w in p.warnings if "could not be placed" in w]
-    assert unplaced == [roles.UNPLACED_WARNING.format(module=f"layers.{i}", macs=lin(n, D, n)) for i in range(L)]
+    assert unplaced == [parts.UNPLACED_WARNING.format(module=f"layers.{i}", macs=lin(n, D, n)) for i in range(L)]
     assert p.ffn == L * (lin(n, D, FF) + lin(n, FF, D))  # the real FFN is still found
 
 
@@ -321,7 +321,7 @@ def test_an_ffn_product_feeding_a_core_and_a_core_without_projections_are_named(
 
 def test_a_layer_without_ffn_among_layers_with_one_is_named() -> None:
     p = profile(OneWithoutFFN(), inputs=(torch.zeros(1, 16, D),))
-    assert p.warnings == (roles.LAYER_NO_FFN_WARNING.format(module="layers.1", others=2),)
+    assert p.warnings == (parts.LAYER_NO_FFN_WARNING.format(module="layers.1", others=2),)
 
 
 def test_strict_mode_fails_a_model_that_fools_the_rule(project: pytest.Pytester) -> None:

@@ -24,11 +24,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .. import one_run
-from ..errors import CountError
+from ..errors import CountError, hint, site
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, sdpa_label
 from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
-from .twin import meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
+from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["at_lengths", "count_forward_torch", "module_totals"]
 
@@ -467,7 +467,8 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with no_global_hooks(), torch.random.fork_rng(devices=[]), meta_autocast(), mode:
+        compiling = as_if_compiling() if fake else contextlib.nullcontext()
+        with no_global_hooks(), torch.random.fork_rng(devices=[]), meta_autocast(), compiling, mode:
             if fake:
                 made: dict[int, Any] = {}
                 args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf, made), (args, kwargs))
@@ -490,11 +491,8 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
             raise NotRepeating from exc
         reason = f"{type(exc).__name__}: {exc}".strip()[:600]
         where = "on fake tensors" if fake else "on real tensors"
-        raise CountError(
-            f"torch's FlopCounterMode could not run {type(model).__name__} {where}: {reason}\n"
-            "Fix: avoid reading tensor values in forward() (.item(), bool(tensor), printing), or pass "
-            "inputs= that forward() accepts."
-        ) from exc
+        raise CountError(f"torch's FlopCounterMode could not run {type(model).__name__} {where}{site(exc, model)}: "
+                         f"{reason}\nFix: {hint(reason)}.") from exc
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         recorder.remove_hooks()

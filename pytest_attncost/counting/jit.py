@@ -22,7 +22,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..errors import CountError
+from ..errors import CountError, hint, site
+from ..families import traceable
 from ..ops import MASK_UNKNOWN, PRODUCTS, SDPA_OPS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, is_product, short
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, sdpa_label
 from .repeats import (SHORTCUT, NotRepeating, Repeats, Run, alike, copied, layer_records, passes_through, rename,
@@ -390,7 +391,8 @@ def _counting_environment() -> Iterator[None]:
     # blocks in one op; the plain path runs linear + sdpa, which the handles count exactly.
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings(), meta_autocast():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings(), meta_autocast(), \
+                traceable():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             yield
     finally:
@@ -553,11 +555,8 @@ def _untraceable(model: nn.Module, exc: Exception) -> CountError:
             "Fix: use a smaller n, or evaluate the formulas alone: pytest_attncost.model_costs(spec, n) "
             "or python -m pytest_attncost"
         )
-    return CountError(
-        f"fvcore could not trace {type(model).__name__} on the meta device: {reason}\n"
-        "Fix: make forward() traceable (no data-dependent Python control flow, no .item() or "
-        "printing of tensor values), or pass inputs= that forward() accepts."
-    )
+    return CountError(f"fvcore could not trace {type(model).__name__} on the meta device{site(exc, model)}: {reason}\n"
+                      f"Fix: {hint(reason)}.")
 
 
 def _placement(records: list[OpRecord], stubs: Mapping[str, Run], second_of: Mapping[str, list[int]]

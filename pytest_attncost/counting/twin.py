@@ -16,7 +16,7 @@ from torch import nn
 from ..errors import CountError
 from ..families import patchify_conv
 
-__all__ = ["drop_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
+__all__ = ["as_if_compiling", "drop_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
            "unwrap"]
 
 
@@ -230,3 +230,19 @@ def meta_autocast() -> Iterator[None]:
         yield
     finally:
         cls.__init__ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def as_if_compiling() -> Iterator[None]:
+    """``torch.compiler.is_compiling()`` is true while a model runs on fake tensors.
+
+    Library code that reads tensor values where it may (transformers 4's padding warning and its choice of
+    ``is_causal`` from the mask's values) skips those reads when compiling, as it does under fvcore's
+    trace; on fake tensors a read has no value to give. Put back afterwards.
+    """
+    original = torch.compiler.is_compiling
+    torch.compiler.is_compiling = lambda: True  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.compiler.is_compiling = original  # type: ignore[assignment]

@@ -1,0 +1,277 @@
+"""A count's records split into the four parts: attention_core, attention_proj, ffn and other.
+
+:mod:`pytest_attncost.roles` finds the structure (layers, attention calls, projections, FFNs) from the data
+flow; here the records are summed by part: by that structure, or by the user's ``roles=`` (module-name
+globs, ``re:`` expressions or ``class:`` names), with ``causal="half"`` keeping a causal core's n(n+1)/2
+query-key pairs, the lengths each attention call saw, a mixture's router, and attention outside the
+layers kept apart. The structure's own warnings over the split are here too.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ProfileError
+from .formulas import ModelSpec
+from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product, parent, within
+from .roles import ROLE_NAMES, Flow, Structure, product_part, role_of
+
+__all__ = ["PARTS", "Split", "explicit_roles", "outside_note", "split", "structure_warnings"]
+
+PARTS = ("attention_core", "attention_proj", "ffn", "other")
+
+
+UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
+                        "cannot tell; counted in full")
+
+
+OUTSIDE_NOTE = ("attention outside the repeated layers, counted as attention and left out of the formula's layers: "
+                "{modules}: core {core:,}, projections {proj:,}, FFN {ffn:,} MAC")
+
+
+#: Warnings on a profile: the cause, the module and the MACs concerned (see DECISIONS: plain strings).
+UNPLACED_WARNING = ("{module}: {macs:,} MAC of products of two activations outside the layer's attention "
+                    "module(s) could not be placed (counted as other); pass roles= to place them")
+
+
+NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while the spec says ffn_dim={ffn_dim}; "
+                  "its FFN was not found (counted as other?); pass roles=")
+
+
+LAYER_NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while {others} layer(s) beside it "
+                        "have one; its FFN was not found (counted as other?); pass roles=")
+
+
+NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran no product the counter knows; "
+                   "see unsupported_ops")
+
+
+BARE_WARNING = ("{modules}: {count} layer(s) beside the attention layers ran no attention core; their {macs:,} MAC "
+                "(their FFNs included) are counted as other; pass roles= to place them")
+
+
+@dataclass
+class Split:
+    """Counted MACs by part, plus what the attention saw and what could not be placed."""
+
+    attention_core: int = 0
+    attention_proj: int = 0
+    ffn: int = 0
+    ffn_router: int = 0  # part of ffn: the routers of mixture-of-experts layers
+    other: int = 0
+    attention_modules: list[str] = field(default_factory=list)
+    # (queries, keys, batch x heads) per attention call of the layers, in graph order
+    lengths: list[tuple[int, int, int]] = field(default_factory=list)
+    halved: bool = False  # causal self-attention was counted as a half triangle
+    layer_ffn: dict[str, int] = field(default_factory=dict)  # layer -> its ffn MACs
+    unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
+    unknown_masks: dict[str, int] = field(default_factory=dict)  # module -> core MACs under a mask of unknown form
+    outside: dict[str, int] = field(default_factory=dict)  # part -> MACs of attention blocks outside the layers
+
+
+def split(
+    records: Sequence[OpRecord],
+    roles: Mapping[str, str],
+    causal_modules: frozenset[str] | None = None,
+    structure: Structure | None = None,
+    bidirectional: frozenset[str] = frozenset(),
+) -> Split:
+    """Sum the records by part: the *structure*'s (data flow), or by the user's *roles* (module -> role).
+
+    With *causal_modules* (``causal="half"``), the cores of causal self-attention count the half triangle:
+    those of these modules, and those whose record says they ran under a causal mask. Cores of
+    *bidirectional* modules (``is_causal=False``: an encoder's padding mask or position bias) stay in full
+    without a word.
+    """
+    if structure is not None:
+        parts, groups = list(structure.parts), list(structure.groups)
+    else:
+        parts, groups = _explicit_parts(records, roles)
+    result = Split()
+    experts = structure.experts if structure is not None else {}
+    routers = {r.scope for i, r in enumerate(records) if experts and parts[i] == "ffn" and _router(r, experts)}
+    layer_at: dict[str, str | None] = {}  # per scope: records share scopes, layers are per module
+    for index, record in enumerate(records):
+        part, macs = parts[index], record.macs
+        if part == "unplaced":
+            result.unplaced[record.scope] = result.unplaced.get(record.scope, 0) + macs
+            part = "other"
+        if part == "attention_core" and causal_modules is not None:
+            macs = _counted_core(record, causal_modules, bidirectional, result)
+        setattr(result, part, getattr(result, part) + macs)
+        if part == "ffn" and record.scope in routers:
+            result.ffn_router += macs
+        if structure is None or part == "other":
+            continue
+        if record.scope not in layer_at:
+            layer_at[record.scope] = structure.layer_of(record.scope)
+        layer = layer_at[record.scope]
+        if layer is None:
+            result.outside[part] = result.outside.get(part, 0) + macs
+        elif part == "ffn":
+            result.layer_ffn[layer] = result.layer_ffn.get(layer, 0) + macs
+    result.attention_modules = list(dict.fromkeys(module for module, _ in groups))
+    for module, group in groups:
+        if structure is None or module not in structure.outside:
+            lengths = _lengths([records[i] for i in group])
+            if lengths is not None:
+                result.lengths.append(lengths)
+    return result
+
+
+def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
+                    ) -> tuple[list[str], list[tuple[str, tuple[int, ...]]]]:
+    """Each record's part by the user's roles, and the attention calls: chained cores, or a core alone."""
+    parts = []
+    for record in records:
+        product = is_product(record.op) or is_fused(record.op)
+        part = product_part(role_of(record.scope, roles), is_fused(record.op), record.origin, True) if product \
+            else "other"
+        parts.append("other" if part == "unplaced" else part)
+    cores = [i for i, part in enumerate(parts) if part == "attention_core" and records[i].backward_of is None]
+    chained = {i: group for group in Flow(records).groups for i in group if all(parts[j] == "attention_core" for j in group)}
+    groups: dict[tuple[int, ...], None] = {tuple(chained.get(i, [i])): None for i in cores}
+    return parts, [(_root(records[g[0]].scope, roles), g) for g in groups]
+
+
+def _counted_core(record: OpRecord, causal_modules: frozenset[str], bidirectional: frozenset[str],
+                  result: Split) -> int:
+    """A core's MACs under ``causal="half"``: the half triangle where it is causal self-attention."""
+    mask = record.mask
+    if mask == "causal" or any(name in causal_modules for name in ancestors(record.scope)):
+        halved = _half(record)
+        result.halved |= halved != record.macs
+        return halved
+    if mask == "unknown" and not any(name in bidirectional for name in ancestors(record.scope)):
+        result.unknown_masks[record.scope] = result.unknown_masks.get(record.scope, 0) + record.macs
+    return record.macs
+
+
+def _half(record: OpRecord) -> int:
+    """The MACs of the n(n+1)/2 query-key pairs a causal mask keeps, for a self-attention core op."""
+    if len(record.shapes) < 2 or any(len(s) < 2 for s in record.shapes[:2]):
+        return record.macs
+    first, second = record.shapes[0], record.shapes[1]
+    n = first[-2]
+    if record.op in SDPA_OPS:
+        self_attention = second[-2] == n
+    else:  # QK^T: [n, d] @ [d, n]; AV and the backward products: [n, n] @ [n, d]
+        self_attention = second[-1] == n or first[-1] == n
+    if not self_attention or record.macs % (n * n):
+        return record.macs
+    # every product over the n x n pairs is MACs = B * n * n * k; keep B * k * n(n+1)/2
+    return record.macs // n * (n + 1) // 2
+
+
+def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
+    """(queries, keys, batch x heads) seen by one attention call's cores.
+
+    Softmax attention's scores ``[.., n, m]`` feed AV as its first operand; otherwise the last
+    core product's output is ``[.., n, d]`` (linear attention's Q (K^T V), fused attention); the keys are sdpa's
+    ``k`` length, or the columns of the first product's output (QK^T: ``[.., n, m]``).
+    """
+    first, last = group[0], group[-1]
+    if len(last.out_shape) < 2:
+        return None
+    queries, leading = last.out_shape[-2], math.prod(last.out_shape[:-2])
+    if not is_fused(first.op) and len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,):
+        # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd")
+        queries, leading = first.out_shape[-2], math.prod(first.out_shape[:-2])
+    if first.op in SDPA_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
+        keys = first.shapes[1][-2]
+    elif len(first.out_shape) >= 2:
+        keys = first.out_shape[-1]
+    else:
+        keys = queries
+    return queries, keys, leading
+
+
+def _router(record: OpRecord, experts: Mapping[str, int]) -> bool:
+    """A parameter product beside an experts module, in its mixture block, with one output per expert."""
+    if not record.out_shape:
+        return False
+    for module, count in experts.items():
+        block = parent(module)
+        if within(record.scope, block) and not within(record.scope, module) and record.out_shape[-1] == count:
+            return True
+    return False
+
+
+def structure_warnings(parts: Split, structure: Structure | None, records: Sequence[OpRecord], spec: ModelSpec | None,
+                       name: str) -> list[str]:
+    """What makes a split doubtful, each naming the module, the MACs and the cause."""
+    found = [UNPLACED_WARNING.format(module=module, macs=macs) for module, macs in parts.unplaced.items()]
+    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs) for module, macs in parts.unknown_masks.items()]
+    if structure is not None:
+        found += structure.warnings
+        without = [layer for layer in structure.layers if not parts.layer_ffn.get(layer)]
+        if spec is not None and (spec.ffn_dim > 0 or spec.moe):
+            found += [NO_FFN_WARNING.format(module=layer or name, ffn_dim=spec.ffn_dim) for layer in without]
+        elif without and len(without) < len(structure.layers):
+            found += [LAYER_NO_FFN_WARNING.format(module=layer or name, others=len(structure.layers) - len(without))
+                      for layer in without]
+        if structure.bare:
+            macs = sum(r.macs for r in records if any(within(r.scope, b) for b in structure.bare))
+            shown = ", ".join(structure.bare[:3]) + (", ..." if len(structure.bare) > 3 else "")
+            found.append(BARE_WARNING.format(modules=shown, count=len(structure.bare), macs=macs))
+    if parts.attention_modules and parts.attention_core == 0 and (spec is None or spec.heads):
+        found.append(NO_CORE_WARNING.format(modules=", ".join(parts.attention_modules[:3])))
+    return found
+
+
+def outside_note(parts: Split, structure: Structure | None) -> str | None:
+    """The note naming attention outside the repeated layers, with its MACs (None where there is none)."""
+    if structure is None or not structure.outside or not parts.outside:
+        return None
+    shown = ", ".join(structure.outside[:3]) + (", ..." if len(structure.outside) > 3 else "")
+    return OUTSIDE_NOTE.format(modules=shown, core=parts.outside.get("attention_core", 0),
+                               proj=parts.outside.get("attention_proj", 0), ffn=parts.outside.get("ffn", 0))
+
+
+def explicit_roles(roles: Mapping[str, Any], classes: Mapping[str, str]) -> dict[str, str]:
+    """Roles from the user's patterns over the modules (dotted name -> class name). Each pattern is a glob
+    over the names (``"blocks.*.attn"``), ``"re:REGEX"`` or a compiled pattern (a full match of a name), or
+    ``"class:GLOB"`` (the class's name: ``"class:FeedForward"``); each must match at least one module."""
+    if not isinstance(roles, Mapping):
+        raise ProfileError(f"roles must be a dict such as {{'attention': [...], 'ffn': [...]}}, got {roles!r}")
+    unknown = sorted(set(roles) - set(ROLE_NAMES))
+    if unknown:
+        raise ProfileError(f"unknown role {unknown[0]!r} in roles=; valid roles: {', '.join(ROLE_NAMES)}")
+    assigned: dict[str, str] = {}
+    for role in ROLE_NAMES:
+        patterns = roles.get(role, [])
+        for pattern in [patterns] if isinstance(patterns, (str, re.Pattern)) else patterns:
+            matched = [name for name, cls in classes.items() if _matches(pattern, role, name, cls)]
+            if not matched:
+                shown = ", ".join(f"{n!r} ({c})" for n, c in classes.items() if n)[:400] or "(none)"
+                raise ProfileError(f"roles[{role!r}] pattern {pattern!r} matches no module; the modules are: {shown}")
+            for name in matched:
+                assigned.setdefault(name, role)
+    return assigned
+
+
+def _matches(pattern: Any, role: str, name: str, cls: str) -> bool:
+    """Whether one of the user's role patterns (see :func:`explicit_roles`) matches a module."""
+    if isinstance(pattern, str) and pattern.startswith("re:"):
+        try:
+            pattern = re.compile(pattern[3:])
+        except re.error as exc:
+            raise ProfileError(f"roles[{role!r}]: {pattern!r} is no regular expression ({exc})") from None
+    if isinstance(pattern, re.Pattern):
+        return pattern.fullmatch(name) is not None
+    if not isinstance(pattern, str):
+        raise ProfileError(f"roles[{role!r}] must hold module-name globs, 're:REGEX' or 'class:NAME' strings, "
+                           f"got {pattern!r}")
+    if pattern.startswith("class:"):
+        return fnmatch.fnmatchcase(cls, pattern[6:])
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _root(scope: str, roles: Mapping[str, str]) -> str:
+    """The outermost attention module enclosing *scope* (the scope itself if none)."""
+    return next((name for name in reversed(ancestors(scope)) if roles.get(name) == "attention"), scope)
