@@ -369,20 +369,22 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
     before, after = baseline.load(old)[0], baseline.load(new)[0]
     added = sorted(after.keys() - before.keys())
     removed = sorted(before.keys() - after.keys())
-    common = sorted(before.keys() & after.keys())
-    changed = [key for key in common if any(int(before[key][p]) != int(after[key][p]) for p in PARTS)]
-    unchanged = len(common) - len(changed)
+    pairs = [(key, key) for key in sorted(before.keys() & after.keys())] + _backend_moves(removed, added)
+    changed = [(a, b) for a, b in pairs if a != b or any(int(before[a][p]) != int(after[b][p]) for p in PARTS)]
+    unchanged = len(pairs) - len(changed)
     lines = [f"{old} ({_entries(len(before))}) → {new} ({_entries(len(after))}), counts in MAC:"]
     regressions: list[str] = []
     if changed:
         headers = ["test", "model", "n", "batch", "total before", "total after", *(f"Δ {p}" for p in PARTS)]
         body = []
-        for key in changed:
-            a, b = before[key], after[key]
-            body.append([*_entry_label(key), f"{int(a['total']):,}", f"{int(b['total']):,}",
+        for key, new_key in changed:
+            a, b = before[key], after[new_key]
+            label = _entry_label(new_key if key == new_key else (*new_key[:-1], "fvcore"))
+            if key != new_key:  # one entry, counted by the other backend now
+                label[1] += f" (backend {key[-1]} → {new_key[-1]})"
+            body.append([*label, f"{int(a['total']):,}", f"{int(b['total']):,}",
                          *(_change(int(a[p]), int(b[p])) for p in PARTS)])
             found, _cell = baseline.compare(a, b, max_increase)
-            label = _entry_label(key)
             regressions += [f"{label[0]} [{label[1]} n={key[2]} batch={key[3]}]: {r}" for r in found]
         lines += ["", f"changed ({len(changed)}):", *text_table(headers, body, right=range(2, len(headers)))]
     for title, keys, source in (("added", added, after), ("removed", removed, before)):
@@ -397,6 +399,23 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
                   + (f"{len(regressions)} part{'s' if len(regressions) != 1 else ''} grew beyond "
                      f"{max_increase:g}%" if regressions else f"no part grew beyond {max_increase:g}%")]
     return lines, GREW if regressions else 0
+
+
+def _backend_moves(removed: list[Any], added: list[Any]) -> list[tuple[Any, Any]]:
+    """Entries that differ only in their backend, one on each side: the same entry, counted anew (taken out of
+    *removed* and *added*)."""
+    def by_rest(keys: list[Any]) -> dict[Any, list[Any]]:
+        found: dict[Any, list[Any]] = {}
+        for key in keys:
+            found.setdefault(key[:-1], []).append(key)
+        return found
+
+    gone, new = by_rest(removed), by_rest(added)
+    moves = [(gone[rest][0], new[rest][0]) for rest in gone if len(gone[rest]) == 1 and len(new.get(rest, ())) == 1]
+    for a, b in moves:
+        removed.remove(a)
+        added.remove(b)
+    return moves
 
 
 def _compare(argv: Sequence[str]) -> int:
@@ -419,16 +438,17 @@ NO_FILE = "cannot import {target}: no file {path}; give an existing .py file or 
 NO_MODULE = ("cannot import {target}: {error}; give a dotted module importable from the current directory "
              "(e.g. mypkg.models:build) or a path to a .py file (e.g. models.py:build)")
 IMPORT_FAILED = "cannot import {target}: importing {module} raised {error}; fix the module (it runs on import)"
-NO_ATTRIBUTE = ("cannot use {target}: module {module} has no attribute {name!r}{hint}; after the colon, name a "
-                "zero-argument function defined in {module}")
-NOT_CALLABLE = ("cannot use {target}: {name} is not callable (it is {kind}); point at a zero-argument "
-                "function that returns the model (an nn.Module)")
+NO_ATTRIBUTE = ("cannot use {target}: module {module} has no attribute {name!r}{hint}; after the colon, name "
+                "{expect} defined in {module}")
+NOT_CALLABLE = "cannot use {target}: {name} is not callable (it is {kind}); point at {expect}"
+FACTORY = "a zero-argument function that returns the model (an nn.Module)"
+INPUTS_FN = "a function (n, batch) -> tuple | dict that returns the forward's inputs"
 
 EXITED = ("cannot use {target}: the factory called sys.exit({code!r}); a factory must return the model "
           "(an nn.Module), not end the program")
 
-NO_INPUTS = ("; the command line builds default inputs only (transformers models, torch's Transformer modules): "
-             "for others call pytest_attncost.profile(factory, n, inputs=...) in Python")
+NO_INPUTS = ("; the command line builds default inputs for transformers models and torch's Transformer modules "
+             "only: for others pass --inputs MODULE:FN, " + INPUTS_FN)
 
 
 class TargetError(ValueError):
@@ -444,6 +464,10 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--backend", choices=("fvcore", "torch"), default=None,
                         help="counter: fvcore's jit trace (default) or torch's FlopCounterMode")
+    parser.add_argument("--inputs", metavar="MODULE:FN",
+                        help="the forward's inputs: FN(n, batch) returns a tuple of positional arguments or a dict "
+                             "of keyword arguments (default: built for transformers models and torch's Transformer "
+                             "modules)")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report (the --attncost-json schema: compare reads it)")
     return parser
@@ -483,8 +507,9 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def load_factory(target: str) -> Callable[[], Any]:
-    """The callable named by ``MODULE:FACTORY`` (``FACTORY`` may be dotted: ``Models.bert``).
+def load_factory(target: str, expect: str = FACTORY) -> Callable[..., Any]:
+    """The callable named by ``MODULE:FACTORY`` (``FACTORY`` may be dotted: ``Models.bert``); *expect* says
+    what it should be, in the messages.
 
     Raises:
         TargetError: no colon, a module that cannot be imported, a missing or non-callable attribute.
@@ -503,13 +528,13 @@ def load_factory(target: str) -> Callable[[], Any]:
             close = difflib.get_close_matches(part, names, n=1)
             hint = (f" (did you mean {close[0]!r}?)" if close else
                     f"; it defines {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}" if names else "")
-            raise TargetError(NO_ATTRIBUTE.format(target=target, module=module, name=part, hint=hint))
+            raise TargetError(NO_ATTRIBUTE.format(target=target, module=module, name=part, hint=hint, expect=expect))
         value = getattr(value, part)
     if not callable(value):
         kind = type(value).__name__
-        raise TargetError(NOT_CALLABLE.format(target=target, name=attribute,
+        raise TargetError(NOT_CALLABLE.format(target=target, name=attribute, expect=expect,
                                               kind=f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"))
-    return cast("Callable[[], Any]", value)
+    return cast("Callable[..., Any]", value)
 
 
 def _deviation(value: float | None) -> str:
@@ -524,6 +549,7 @@ def _profile(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     try:
         factory = load_factory(args.target)
+        inputs = None if args.inputs is None else load_factory(args.inputs, INPUTS_FN)
     except TargetError as exc:
         parser.error(str(exc))
     from .api import ProfileError, profile, sweep
@@ -532,7 +558,7 @@ def _profile(argv: Sequence[str]) -> int:
     one_run = False
     if args.backend == "torch" and len(set(args.n)) == len(args.n) > 1:
         try:  # the torch backend counts a sweep's lengths in one run; any trouble, and each n is counted alone
-            swept = sweep(factory, args.n, batch=args.batch, backend="torch")
+            swept = sweep(factory, args.n, batch=args.batch, backend="torch", inputs=inputs)
         except ProfileError:
             swept = None
         except SystemExit as exc:  # not KeyboardInterrupt: that one ends the command
@@ -543,7 +569,7 @@ def _profile(argv: Sequence[str]) -> int:
             rows = [reporting.Row(args.target, by_n[n]) for n in args.n]
     for n in args.n if not rows else ():
         try:
-            result = profile(factory, n, batch=args.batch, backend=args.backend)
+            result = profile(factory, n, batch=args.batch, backend=args.backend, inputs=inputs)
         except ProfileError as exc:
             hint = NO_INPUTS if "inputs=" in str(exc) else ""
             parser.error(f"{args.target} at n={n}: {exc}{hint}")

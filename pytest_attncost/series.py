@@ -192,43 +192,36 @@ class DecodeSweep(Series[Profile]):
     """
 
     @property
-    def profiles(self) -> tuple[Profile, ...]:
-        return self._items
-
-    @property
     def slope(self) -> Fraction | None:
         """β: core MACs per cached token, when every step fits ``core = β·(n + q)`` (None otherwise:
         a sliding window filled, or projections and FFN that change with n)."""
-        first, last = self.profiles[0], self.profiles[-1]
+        first, last = self[0], self[-1]
         q = first.new_tokens or 1
         beta = Fraction(last.attention_core - first.attention_core, last.n - first.n)
-        for p in self.profiles:
+        for p in self:
             if (p.attention_core != beta * (p.n + q) or p.ffn != first.ffn
                     or p.attention_proj != first.attention_proj):
                 return None
         return beta
 
-    @property
-    def crossover_n(self) -> Fraction | None:
+    def crossover(self) -> Fraction | None:
         """The context (keys a new token attends to, itself included) where the measured core reaches
         the measured FFN: ``ffn / β``; compare :func:`pytest_attncost.formulas.decode_crossover_n`."""
         beta = self.slope
         if beta is None or beta <= 0:
             return None
-        return Fraction(self.profiles[0].ffn) / beta
+        return Fraction(self[0].ffn) / beta
 
-    @property
-    def formula_crossover_n(self) -> Fraction | None:
-        spec = self.profiles[0].spec
+    def formula_crossover(self) -> Fraction | None:
+        spec = self[0].spec
         return None if spec is None else formulas.decode_crossover_n(spec)
 
     def to_dict(self) -> dict[str, Any]:
-        cross, formula = self.crossover_n, self.formula_crossover_n
-        return {"name": self.profiles[0].name, "lengths": self.lengths, "mode": "decode",
-                "new_tokens": self.profiles[0].new_tokens,
+        cross, formula = self.crossover(), self.formula_crossover()
+        return {"name": self.name, "lengths": self.lengths, "mode": "decode", "new_tokens": self[0].new_tokens,
                 "crossover_n": None if cross is None else float(cross),
                 "formula_crossover_n": None if formula is None else float(formula),
-                "profiles": [p.to_dict() for p in self.profiles]}
+                "profiles": [p.to_dict() for p in self]}
 
 
 class TimingSweep(Series[Timing]):

@@ -124,10 +124,11 @@ BYTES_HELP = "an int of bytes or a string such as '2 GiB', '512 MiB' or '2 GB' (
 
 
 def parse_bytes(value: object) -> int:
-    """Read a memory size into bytes: an int, or ``"2 GiB"``, ``"512MiB"``, ``"2 GB"``, ``"100 kB"``.
+    """Read a memory size into bytes: an int, or ``"2 GiB"``, ``"512MiB"``, ``"2 GB"``, ``"100 kB"``; a size
+    that is no whole number of bytes (``"0.001 GiB"``) is rounded to the nearest byte.
 
     Raises:
-        UnitError: not a non-negative size, or a fraction of a byte.
+        UnitError: not a non-negative size.
     """
     if isinstance(value, bool):
         raise UnitError(f"expected {BYTES_HELP}, got the bool {value!r}")
@@ -140,10 +141,7 @@ def parse_bytes(value: object) -> int:
     match = _BYTES.match(value)
     if match is None:
         raise UnitError(f"cannot read {value!r} as a size: expected {BYTES_HELP}")
-    size = Fraction(match["number"].replace("_", "")) * BYTE_PREFIXES[match["prefix"].lower()]
-    if size.denominator != 1:
-        raise UnitError(f"{value!r} is not a whole number of bytes")
-    return int(size)
+    return round(Fraction(match["number"].replace("_", "")) * BYTE_PREFIXES[match["prefix"].lower()])
 
 
 def format_bytes(size: int) -> str:

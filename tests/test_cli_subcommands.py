@@ -120,11 +120,23 @@ def test_compare_added_and_removed(tmp_path, capsys):
     assert lines[-1] == "0 changed, 1 added, 1 removed, 1 unchanged; no part grew beyond 0%"
 
 
+def test_compare_matches_an_entry_whose_backend_changed(tmp_path, capsys):
+    a = write(tmp_path / "a.json", row(), row(test_id="t.py::test_b"))
+    b = write(tmp_path / "b.json", row(backend="torch"), row(test_id="t.py::test_b", ffn=900, backend="torch"))
+    assert cli.main(["compare", a, b]) == 1  # the same entries, counted by the other backend: one grew
+    lines = capsys.readouterr().out.splitlines()
+    changed = lines.index("changed (2):")
+    assert lines[changed + 3].split()[:7] == ["t.py::test_a", "BertModel", "(backend", "fvcore", "→", "torch)", "512"]
+    assert lines[changed + 4].split()[:2] == ["t.py::test_b", "BertModel"] and "+125.00%" in lines[changed + 4]
+    assert lines[-1] == "2 changed, 0 added, 0 removed, 0 unchanged; 2 parts grew beyond 0%"  # ffn and total
+
+
 def test_compare_keys_entries_by_mode_and_backend(tmp_path, capsys):
-    a = write(tmp_path / "a.json", row())
-    b = write(tmp_path / "b.json", row(ffn=900, backend="torch"))
-    assert cli.main(["compare", a, b]) == 0  # another backend is another entry, not a growth
-    assert "0 changed, 1 added, 1 removed, 0 unchanged" in capsys.readouterr().out
+    # a test that profiles with both backends (a cross-check) keeps two entries: nothing is paired
+    a = write(tmp_path / "a.json", row(), row(backend="torch"))
+    b = write(tmp_path / "b.json", row(), row(backend="torch"), row(mode="decode"))
+    assert cli.main(["compare", a, b]) == 0
+    assert "0 changed, 1 added, 0 removed, 2 unchanged" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -273,7 +285,37 @@ def test_profile_a_model_without_default_inputs_points_to_python(tmp_path, monke
     assert exit_info.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "custom.py:Net at n=8: cannot guess the inputs of Net" in err
-    assert "call pytest_attncost.profile(factory, n, inputs=...) in Python" in err
+    assert "for others pass --inputs MODULE:FN, a function (n, batch) -> tuple | dict" in err
+
+
+def test_profile_takes_inputs_from_a_function(tmp_path, monkeypatch, capsys):
+    # a (batch, n, d) attention model of one's own: two layers of one sdpa over 4 heads of 8, an FFN of 4 x 32
+    (tmp_path / "mine.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.qkv, self.o = nn.Linear(32, 96), nn.Linear(32, 32)\n"
+        "        self.mlp = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32))\n\n"
+        "    def forward(self, x):\n"
+        "        b, n, _ = x.shape\n"
+        "        q, k, v = (t.view(b, n, 4, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))\n"
+        "        a = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, 32)\n"
+        "        x = x + self.o(a)\n"
+        "        return x + self.mlp(x)\n\n"
+        "def model():\n    return nn.Sequential(Block(), Block())\n\n"
+        "def inputs(n, batch):\n    return (torch.zeros(batch, n, 32),)\n"
+        "not_a_function = 3\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["profile", "mine.py:model", "--inputs", "mine.py:inputs", "--n", "16", "--batch", "2"]) == 0
+    row = capsys.readouterr().out.splitlines()[2].split()
+    core, proj, ffn = 2 * 2 * 2 * 4 * 16 * 16 * 8, 2 * 2 * 16 * 32 * 128, 2 * 2 * 16 * 32 * 256
+    assert row[:5] == ["16", f"{core + proj + ffn:,}", f"{core:,}", f"{proj:,}", f"{ffn:,}"]
+    with pytest.raises(SystemExit):
+        cli.main(["profile", "mine.py:model", "--inputs", "mine.py:not_a_function", "--n", "16"])
+    assert "not_a_function is not callable (it is an int); point at a function (n, batch) -> tuple | dict" in " ".join(
+        capsys.readouterr().err.split())
 
 
 def test_profile_needs_lengths(capsys):

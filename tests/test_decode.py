@@ -247,7 +247,8 @@ def test_user_cache_is_left_alone():
     assert keys.shape == (1, 2, 8, 8) and keys.device.type == "cpu"
 
 
-@pytest.mark.parametrize(("text", "size"), [("2 GiB", 2**31), ("512MiB", 2**29), ("2 GB", 2 * 10**9), (7, 7)])
+@pytest.mark.parametrize(("text", "size"), [("2 GiB", 2**31), ("512MiB", 2**29), ("2 GB", 2 * 10**9), (7, 7),
+                                            ("0.001 GiB", 1_073_742), ("1.5 B", 2), ("2.5 B", 2), ("0.4 kB", 400)])
 def test_parse_bytes(text, size):
     assert parse_bytes(text) == size
 
@@ -289,10 +290,12 @@ def test_decode_sweep_solves_the_crossover_from_the_counts(tmp_path):
 
     sweep = pytest_attncost.decode_sweep(gpt2_tiny, [64, 256, 1024])
     # ungated FFN of width 4D: the core meets it at 4D = 512 keys
-    assert sweep.crossover_n == sweep.formula_crossover_n == 4 * 128
+    assert sweep.crossover() == sweep.formula_crossover() == 4 * 128
+    # every series answers the same way: methods for what is solved, iteration over what was measured
+    assert [p.n for p in sweep] == sweep.lengths == [64, 256, 1024] and len(sweep) == 3
     assert sweep.to_dict()["lengths"] == [64, 256, 1024]
     windowed = pytest_attncost.decode_sweep(mistral_tiny, [8, 64])  # the window fills between them
-    assert windowed.crossover_n is None
+    assert windowed.crossover() is None
     path = plot_decode(LLAMA_7B, [1024, 16384, 32768], tmp_path / "decode.png")
     assert path.stat().st_size > 0
 

@@ -49,3 +49,17 @@ def test_readme_test_file_passes(code: str, pytester: pytest.Pytester) -> None:
 def test_readme_snippet_runs(line: int, code: str) -> None:
     namespace: dict[str, object] = {"__name__": f"readme_block_{line}"}
     exec(compile(code, f"{README}:{line}", "exec"), namespace)  # noqa: S102 - our own README
+
+
+def test_every_fixture_option_and_ini_key_is_in_the_readme(pytestconfig: pytest.Config) -> None:
+    # a name the plugin's messages may send a user to (attncost_n, --attncost-lock-timeout) must be findable
+    from pytest_attncost import plugin
+
+    text = README.read_text(encoding="utf-8")
+    fixtures = [name for name in plugin.__all__ if name.startswith("attncost")]
+    parser = pytestconfig._parser  # noqa: SLF001 - pytest keeps its registered options here only
+    options = [name for group in parser._groups for option in group.options  # noqa: SLF001
+               for name in option.names() if name.startswith("--attncost")]
+    keys = [name for name in parser._inidict if name.startswith("attncost")]  # noqa: SLF001
+    assert fixtures and options and keys
+    assert [name for name in [*fixtures, *options, *keys] if f"`{name}" not in text] == []
