@@ -7,6 +7,7 @@ timing engine times (:mod:`~pytest_attncost.timing`). Usable outside pytest (a n
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,11 +33,16 @@ def _positive(name: str, value: object, hint: str = "") -> int:
     return value
 
 
+_OLD_TORCH = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 9)
+
+
 def _resolve_model(model: object) -> nn.Module:
     """The module to count: the model itself, or what a zero-argument factory builds on the meta device."""
     if isinstance(model, nn.Module):
         return unwrap(model)
     if callable(model):
+        if _OLD_TORCH:  # its _dynamo runs tensor ops as it is imported: not first inside the meta device
+            importlib.import_module("torch._dynamo")  # (transformers' models import it: a factory's would)
         try:
             with torch.device("meta"), masks.recording() as patterns:  # a tril buffer's form, read as it is built
                 built = model()

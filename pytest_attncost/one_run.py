@@ -27,7 +27,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["Diverged", "OpMemo", "at", "enabled", "length_of", "spread", "swept"]
+__all__ = ["POSSIBLE", "Diverged", "OpMemo", "at", "enabled", "length_of", "spread", "swept"]
+
+#: torch before 2.9 runs meta kernels in Python that branch on a length (``meta_zeros``): a symbolic length
+#: diverges there at once, so a sweep counts each length alone.
+POSSIBLE = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 9)
 
 
 class Diverged(BaseException):

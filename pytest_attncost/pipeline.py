@@ -321,7 +321,7 @@ def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, An
     meta device), with arguments profile() would take as they are; anything else (and any length the run
     cannot stand for) is counted one length at a time, which also gives bad arguments their usual message.
     """
-    if not _one_run_takes(kwargs, lengths):
+    if not one_run.POSSIBLE or not _one_run_takes(kwargs, lengths):
         return None
     given, batch_given, batch = kwargs.get("inputs"), kwargs.get("batch") is not None, kwargs.get("batch") or 1
     roles, spec, model_name = kwargs.get("roles"), kwargs.get("spec"), kwargs["name"]

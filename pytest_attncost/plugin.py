@@ -322,5 +322,29 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             item.user_properties.extend(stored)
         report.user_properties = list(item.user_properties)
         if report.failed and call.excinfo is not None and isinstance(call.excinfo.value, AttncostCheckError):
-            report.longrepr = str(call.excinfo.value)  # the checks' own words; no plugin frames
+            report.longrepr = _Failure(str(call.excinfo.value), *item.location[:2])  # type: ignore[assignment]
     return report
+
+
+class _Failure:
+    """A failed check as pytest shows it: the checks' own words (no plugin frames), the first of them in the
+    short summary and junitxml's message (pytest reads ``longrepr.reprcrash``; every version since 7)."""
+
+    def __init__(self, text: str, path: str, line: int | None) -> None:
+        self.text = text
+        self.reprcrash = _Crash(path, (line or 0) + 1, text.splitlines()[0] if text else "")
+
+    def toterminal(self, tw: Any) -> None:
+        for line in self.text.splitlines():
+            tw.line(line)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class _Crash:
+    def __init__(self, path: str, lineno: int, message: str) -> None:
+        self.path, self.lineno, self.message = path, lineno, message
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.lineno}: {self.message}"

@@ -249,13 +249,15 @@ def _spec_text(spec: ModelSpec) -> str:
 
 
 def threshold_lines(rows: Sequence[Row]) -> list[str]:
-    """One line per distinct spec: where attention overtakes the FFN and where the core dominates."""
-    seen: dict[ModelSpec, str] = {}
+    """One line per distinct spec and mode: where attention overtakes the FFN and where the core dominates (a
+    decode step's n being the context its new token attends to)."""
+    seen: dict[tuple[ModelSpec, str], str] = {}
     for row in rows:
-        spec = row.profile.spec
-        if spec is not None and spec not in seen:
+        spec, mode = row.profile.spec, row.profile.mode
+        if spec is not None and (spec, mode) not in seen:
             first, second = threshold_notes(row.profile)
-            seen[spec] = f"{row.profile.name} ({_spec_text(spec)}): {first}; {second}"
+            label = ", a decode step (n: the context of its new token)" if mode == "decode" else ""
+            seen[(spec, mode)] = f"{row.profile.name} ({_spec_text(spec)}{label}): {first}; {second}"
     return list(seen.values())
 
 
@@ -401,6 +403,23 @@ def _middle_cut(text: str, width: int) -> str:
     return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2) :]
 
 
+def _cut_id(text: str, width: int) -> str:
+    """A test id cut in the middle of its name, its parameter id (``[n=512]``, what tells rows apart) whole."""
+    name, bracket, param = text.partition("[")
+    if len(text) <= width or not bracket or len(param) + 1 > width // 2:
+        return _middle_cut(text, width)
+    return _middle_cut(name, width - len(param) - 1) + "[" + param
+
+
+def _cut_name(text: str, width: int) -> str:
+    """A model name cut at the end of a word (``GPTNeoX…`` of ``GPTNeoXForCausalLM``), in the middle when no word
+    ends in the first half."""
+    if len(text) <= width:
+        return text
+    ends = [i for i in range(width // 2, width) if not text[i].isalnum() or text[i].isupper() and text[i - 1].islower()]
+    return text[: ends[-1]].rstrip(" -_.(/[") + "…" if ends else _middle_cut(text, width)
+
+
 def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
     """Fit the table to *width*: shorter test ids, then fewer columns, then ids and names cut in the middle.
 
@@ -427,7 +446,8 @@ def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[st
         if excess > 0:
             longest = max(len(headers[column]), *(len(r[column]) for r in body))
             room = max(least, len(headers[column]), longest - excess)
-            body = [[*r[:column], _middle_cut(r[column], room), *r[column + 1 :]] for r in body]
+            how = _cut_id if column == 0 else _cut_name
+            body = [[*r[:column], how(r[column], room), *r[column + 1 :]] for r in body]
 
     if total(headers, body) > width:
         names = [r[0].rpartition("::")[2] for r in body]

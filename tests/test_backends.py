@@ -8,7 +8,7 @@ from torch import nn
 
 import tiny_models as tm
 from pytest_attncost import ProfileError, profile
-from test_counting import HF_TEXT, _hf, expected
+from test_counting import HF_TEXT, _hf, _unsupported, expected
 
 D, H, DH, F, L = tm.HIDDEN, tm.HEADS, tm.HEAD_DIM, tm.FFN, tm.LAYERS
 
@@ -20,6 +20,8 @@ def parts(result):
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", HF_TEXT)
 def test_backends_agree_on_transformers(name, impl):
+    if (why := _unsupported(name, impl)) is not None:
+        pytest.skip(why)
     model, shape = _hf(name, impl)
     for n in (128, 2048):
         fv, th = profile(model, n), profile(model, n, backend="torch")

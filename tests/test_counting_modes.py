@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from torch import nn
 from torch.nn import functional as F
 
@@ -410,13 +411,20 @@ def test_causal_half_leaves_bidirectional_attention_in_full_without_a_warning() 
     full, half = b * h * n * n * 2 * d, b * h * (n * (n + 1) // 2) * 2 * d
     t5 = profile(lambda: T5Model(T5Config(vocab_size=128, d_model=64, d_kv=d, d_ff=96, num_layers=2, num_heads=h,
                                           decoder_start_token_id=0)), n, batch=b, causal="half")
-    assert t5.attention_core == 2 * full + 2 * half + 2 * full  # encoder self, decoder self (halved), cross
-    assert t5.warnings == ()
     mask = torch.ones(b, n, dtype=torch.long)
     mask[0, 10:] = 0
     bert = profile(BertModel(BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=h,
                                         intermediate_size=96)),
                    inputs=dict(input_ids=torch.zeros(b, n, dtype=torch.long), attention_mask=mask), causal="half")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        # transformers 4's attention modules do not say is_causal, and T5 adds its mask to the scores in place
+        # with its position bias: nothing is halved, and every core says why (never a silent full count)
+        assert (t5.attention_core, bert.attention_core) == (6 * full, 3 * full)
+        assert len(t5.warnings) == 6 and len(bert.warnings) == 3
+        assert all("causal='half' asked for, but the mask" in w for w in t5.warnings + bert.warnings)
+        return
+    assert t5.attention_core == 2 * full + 2 * half + 2 * full  # encoder self, decoder self (halved), cross
+    assert t5.warnings == ()
     assert (bert.attention_core, bert.warnings) == (3 * full, ())
 
 
@@ -453,6 +461,7 @@ def test_real_cpu_sdpa_kernel_is_counted_forward_and_backward():
 
 
 @pytest.mark.parametrize("fake", [True, False])
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason=f"torch {torch.__version__} has no _grouped_mm (2.8+)")
 def test_grouped_mm_is_counted(fake):
     class Experts(nn.Module):
         def __init__(self) -> None:

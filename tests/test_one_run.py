@@ -91,7 +91,7 @@ def test_a_torch_sweep_is_one_run_and_every_profile_is_the_one_at_its_length(bui
     clear_cache()
     ns = [16, 40, 100]
     swept = sweep(model, ns, backend="torch")
-    assert swept.one_run and swept.lengths == ns
+    assert swept.one_run == one_run.POSSIBLE and swept.lengths == ns
     clear_cache()
     for p, n in zip(swept, ns):
         assert parts(p) == expected(n, 1, **shape), n  # the hand count at each length
@@ -135,7 +135,7 @@ def test_lengths_that_take_different_branches_are_counted_one_by_one(swallow):
     assert [p.other for p in swept] == [0, 32 * D * D, 64 * D * D]  # the extra Linear where it ran
     assert [parts(p) for p in swept] == [expected(n, 1) for n in (16, 32, 64)]
     # on one side of the branch the lengths agree: one run again
-    assert sweep(Branchy(swallow), [24, 32], backend="torch").one_run
+    assert sweep(Branchy(swallow), [24, 32], backend="torch").one_run == one_run.POSSIBLE
 
 
 def test_what_one_run_does_not_cover_is_counted_per_length():
@@ -155,7 +155,7 @@ def test_the_model_is_left_as_it_was():
     model.train()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     clear_cache()
-    assert sweep(model, [16, 48], backend="torch").one_run
+    assert sweep(model, [16, 48], backend="torch").one_run == one_run.POSSIBLE
     assert model.training and all(m.training for m in model.modules())
     after = model.state_dict()
     assert list(after) == list(state) and all(torch.equal(after[k], v) and after[k].device == v.device
@@ -166,14 +166,14 @@ def test_the_model_is_left_as_it_was():
 def test_the_fixture_sweeps_with_the_sessions_backend(project):
     project.makepyfile("""
         import pytest
-        from pytest_attncost import clear_cache, profile
+        from pytest_attncost import clear_cache, one_run, profile
         from tiny_models import llama_like
 
         @pytest.mark.attncost(crossover_min=576, crossover_max=576, crossover_rtol=0)
         def test_sweep(attncost):
             model = llama_like(kv_heads=1)
             sweep = attncost.sweep(model, [100, 333, 1000])
-            assert sweep.one_run and [p.backend for p in sweep] == ["torch"] * 3
+            assert sweep.one_run == one_run.POSSIBLE and [p.backend for p in sweep] == ["torch"] * 3
             clear_cache()
             assert [p.to_dict() for p in sweep] == [profile(model, n, backend="torch").to_dict() for n in sweep.lengths]
     """)
@@ -190,7 +190,7 @@ def test_causal_half_is_the_same_in_one_run(impl):
     model = tm.llama_like(attn_implementation=impl)
     clear_cache()
     swept = sweep(model, [16, 40], backend="torch", causal="half")
-    assert swept.one_run and all(p.causal_applied for p in swept)
+    assert swept.one_run == one_run.POSSIBLE and all(p.causal_applied for p in swept)
     # QK^T and AV over the n(n+1)/2 query-key pairs of causal attention, per layer and head
     assert [p.attention_core for p in swept] == [tm.LAYERS * H * (n * (n + 1) // 2) * 2 * tm.HEAD_DIM
                                                  for n in (16, 40)]
@@ -319,7 +319,7 @@ class TwoReductions(Encoder):
 def test_an_op_met_again_with_other_arguments_is_run_again():
     clear_cache()
     swept = sweep(TwoReductions(), [16, 40], backend="torch")
-    assert swept.one_run  # checked against the first length counted alone (code of its own)
+    assert swept.one_run == one_run.POSSIBLE  # checked against the first length counted alone (code of its own)
     assert [p.other for p in swept] == [D * D + n * D for n in (16, 40)]  # wide: 1 token; tall: n tokens, 1 -> D
 
 
@@ -328,7 +328,7 @@ def test_a_callable_inputs_is_given_the_swept_length():
     ns = [16, 40]
     clear_cache()
     swept = sweep(model, ns, backend="torch", roles=tm.HAND_ROLES, inputs=lambda n, b: (torch.zeros(b, n, D),))
-    assert swept.one_run and [parts(p) for p in swept] == [expected(n, 1) for n in ns]
+    assert swept.one_run == one_run.POSSIBLE and [parts(p) for p in swept] == [expected(n, 1) for n in ns]
     assert [p.to_dict() for p in swept] == [
         profile(model, n, backend="torch", roles=tm.HAND_ROLES, inputs=lambda n, b: (torch.zeros(b, n, D),)).to_dict()
         for n in ns]

@@ -236,7 +236,7 @@ def test_the_short_summary_names_the_first_broken_bound(project: pytest.Pytester
         def test_x(attncost):
             attncost.profile(bert_like)
     """)
-    result = project.runpytest("-rf", "--tb=line")
+    result = project.runpytest("-rf", "--tb=short")  # pytest 8's summary drops the message under --tb=line
     result.stdout.fnmatch_lines(["FAILED *::test_x - attncost: attention_share 0.600 > 0.5 at n=512 (formula 0.600*"])
 
 
@@ -283,7 +283,8 @@ def test_worker_crash_under_xdist_keeps_finished_tests(project):
     # test_files' xdist check asked, without a second -n 2 session
     assert _rows(project.path / "out.json") == [("test_a", 16), ("test_b", 32), ("test_z_after", 64)]
     assert not [p for p in project.path.iterdir() if p.name.endswith(".tmp")]
-    result.stdout.fnmatch_lines(["*test_stop*crashed*"])
+    # xdist's own words, in either order its versions use
+    assert any("crashed" in line and "test_stop" in line for line in result.stdout.lines), result.stdout.str()
 
 
 def test_last_failed_and_keyword_selection(project):

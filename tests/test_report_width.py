@@ -104,3 +104,27 @@ def test_decode_rows_say_so_and_show_their_kv_cache(project: pytest.Pytester,
     result.stdout.fnmatch_lines(["*LlamaModel (decode +2)*", "KV cache of the decode steps*",
                                  f"*test_step ?LlamaModel n=64?: 128 KiB ({kv:,} bytes) for 64 cached*"])
     assert f"({kv:,} bytes)" in (project.path / "r.md").read_text()
+
+
+def test_narrow_reports_cut_names_but_keep_parameter_ids_and_words() -> None:
+    from pytest_attncost.reporting import _cut_id, _cut_name
+
+    ids = [f"test_bert_base_stays_below_the_bound_ffn_at_2hd[n={n}]" for n in (128, 512, 2048)]
+    cut = [_cut_id(i, 24) for i in ids]
+    assert [c.rpartition("[")[2] for c in cut] == ["n=128]", "n=512]", "n=2048]"] and all(len(c) <= 24 for c in cut)
+    assert _cut_name("GPTNeoXForCausalLM", 12) == "GPTNeoXFor…" and _cut_name("BertModel", 12) == "BertModel"
+    assert _cut_name("a bert-like model with a long descriptive name", 20) == "a bert-like model…"
+    # in the report at 80 columns: rows of one parametrized test stay apart
+    rows = [Row.from_dict({**row, "test_id": f"tests/test_models.py::{test_id}", "name": "GPTNeoXForCausalLM"})
+            for row, test_id in zip(json.loads(EXAMPLES.read_text())["profiles"], ids)]
+    body = render_terminal(rows, width=80)[2:5]
+    assert len({line.split()[0] for line in body}) == 3 and all("]" in line.split()[0] for line in body)
+
+
+def test_thresholds_of_a_decode_step_say_so() -> None:
+    from pytest_attncost import profile
+    from pytest_attncost.reporting import threshold_lines
+    from tiny_models import gpt2_like
+
+    lines = threshold_lines([Row("t::a", profile(gpt2_like, 16)), Row("t::b", profile(gpt2_like, 16, mode="decode"))])
+    assert len(lines) == 2 and "decode step" not in lines[0] and "a decode step (n: the context" in lines[1]

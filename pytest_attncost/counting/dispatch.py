@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 from .. import one_run
 from ..errors import CountError, hint, site
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
-from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, sdpa_label
+from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, score_op, sdpa_label
 from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
 from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
@@ -330,6 +330,7 @@ class _TorchRecorder:
                 if isinstance(tensor, torch.Tensor):
                     self.derived[tensor] = True
         flow_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a in self.flows]
+        name = score_op(name)
         if flow_positions:
             indices, labels = self.flows[args[flow_positions[0]]]
             if name in SCORE_MASKING and name != "masked_fill" or name == "masked_fill" and flow_positions[0] == 0:

@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from ..errors import CountError, hint, site
 from ..families import traceable
 from ..ops import MASK_UNKNOWN, PRODUCTS, SDPA_OPS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, is_product, short
-from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, sdpa_label
+from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, score_op, sdpa_label
 from .repeats import (SHORTCUT, NotRepeating, Repeats, Run, alike, copied, layer_records, passes_through, rename,
                       transported)
 from .twin import drop_hooks, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
@@ -276,7 +276,7 @@ class _GraphMasks:
 
     def masking(self, node: Any, flow: int) -> str:
         ins = [self.abstract(v) for v in node.inputs()]
-        return masking_label(short(node.kind()), ins, flow)
+        return masking_label(score_op(short(node.kind())), ins, flow)
 
     def after(self, value: Any, depth: int = 0) -> list[str]:
         """Labels of the masks applied to scores *value* on their way forward (QK^T -> softmax)."""
@@ -285,7 +285,7 @@ class _GraphMasks:
             return labels
         for use in value.uses():
             user = use.user
-            op = short(user.kind())
+            op = score_op(short(user.kind()))
             if op in SCORE_MASKING:
                 labels.append(self.masking(user, use.offset))
             elif op not in SCORE_PASS or use.offset != 0 and op not in ("mul", "div"):
@@ -298,7 +298,7 @@ class _GraphMasks:
         and whether it comes from scores (a product of two activations) at all."""
         node = value.node()
         kind = node.kind()
-        op = short(kind)
+        op = score_op(short(kind))
         if depth > 16:
             return [], False
         if is_product(kind):

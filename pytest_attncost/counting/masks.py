@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..ops import MASK_CAUSAL, MASK_NONE, MASK_UNKNOWN
 
 __all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "buffer_masks", "combine", "mask_transfer",
+           "score_op",
            "masking_label", "recording", "sdpa_label"]
 
 Pattern = tuple[tuple[Any, ...], Any]  # (position set, fill value or None)
@@ -49,6 +50,12 @@ SCORE_PASS = frozenset({
 
 
 SCORE_MASKING = frozenset({"masked_fill", "add", "where"})
+
+
+def score_op(name: str) -> str:
+    """*name* as the mask reader knows it: an in-place op (``add_``, ``masked_fill_``: T5 adds its bias and mask to
+    the scores in place) is its out-of-place form."""
+    return name[:-1] if name.endswith("_") and name[:-1] in SCORE_MASKING | SCORE_PASS else name
 
 
 def _complement(positions: tuple[Any, ...]) -> tuple[Any, ...]:
