@@ -28,6 +28,9 @@ from .formulas import (
     quadratic_n,
 )
 from .units import format_count, parse_count
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __version__ = "0.1.0"
 

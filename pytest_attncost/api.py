@@ -23,6 +23,9 @@ from .inputs import LARGEST_TOKENS, TOO_LARGE, Built, Inputs, build
 from .result import BACKENDS, CAUSAL, MODES, Profile, Timing
 from .series import DecodeSweep, Sweep, TimingSweep
 from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["ProfileError", "clear_cache", "decode_sweep", "measure", "measure_sweep", "profile", "spec_of", "sweep"]
 
@@ -92,6 +95,7 @@ def profile(
     causal: str = "full",
     fallback: bool = True,
     new_tokens: int | None = None,
+    m: int | None = None,
 ) -> Profile:
     """Count one forward pass of *model* and split it into attention_core, attention_proj, ffn, other.
 
@@ -125,6 +129,8 @@ def profile(
         fallback: when fvcore cannot trace the model, count with the torch backend (on fake
             tensors, else on real ones at small n) and say so in ``Profile.fallback``.
         new_tokens: decode mode: the query tokens of the step (default 1).
+        m: the second sequence's length (:attr:`Profile.m`: an encoder-decoder's target, a decoder's memory),
+            for default inputs (default n); your own inputs must agree with it.
 
     Returns:
         The :class:`Profile`.
@@ -134,16 +140,21 @@ def profile(
             says why and what to do).
     """
     return _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend,
-                    mode=mode, causal=causal, fallback=fallback, new_tokens=new_tokens)[0]
+                    mode=mode, causal=causal, fallback=fallback, new_tokens=new_tokens, m=m)[0]
 
 
 def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | None, roles: Mapping[str, Any] | None,
              spec: ModelSpec | None, name: str | None, backend: str | None, mode: str, causal: str, fallback: bool,
-             new_tokens: int | None) -> tuple[Profile, Built | None, nn.Module]:
+             new_tokens: int | None, m: int | None = None) -> tuple[Profile, Built | None, nn.Module]:
     """profile()'s work: the profile, the inputs it was counted on (None when it came from the cache) and the
     module counted."""
     if n is not None:
         _positive("n", n)
+    if m is not None:
+        _positive("m", m)
+        if mode == "decode":
+            raise ProfileError("m= is the second sequence's length (encoder-decoders, cross-attention); a decode "
+                               "step has its cache's length n and new_tokens: drop m=")
     batch_given = batch is not None
     batch = 1 if batch is None else _positive("batch", batch)
     if (n or 1) * batch > LARGEST_TOKENS:
@@ -164,7 +175,7 @@ def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | N
             raise ProfileError("mode='decode' needs n=: the tokens already in the KV cache")
     elif new_tokens is not None:
         raise ProfileError(f"new_tokens= is the query length of a decode step: pass mode='decode' (mode is {mode!r})")
-    options = Options(backend or "fvcore", mode, causal, bool(fallback), new_tokens or 0)
+    options = Options(backend or "fvcore", mode, causal, bool(fallback), new_tokens or 0, m)
     target = _resolve_model(model)
     model_name = name or type(target).__name__
     spec_note = None
@@ -179,7 +190,7 @@ def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | N
     cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
     if cached is not None:
         return cached, None, target
-    built = build(target, n, batch, inputs, mode == "decode", options.new_tokens)
+    built = build(target, n, batch, inputs, mode == "decode", options.new_tokens, m)
     result = pipeline.run(target, model_name, spec, spec_note, spec_read, built, n, batch, batch_given, roles, options)
     if pipeline.REAL_NOTE not in result.notes:  # a count on real values holds for those values only
         store(key, result)

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 from . import files
 from .reporting import SCHEMA, Row, RowKey, render_documents, row_key
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["BaselineError", "Regression", "compare", "entry_key", "load", "merge", "save", "MAX_BYTES"]
 
@@ -36,7 +39,25 @@ class BaselineError(ValueError):
 def entry_key(entry: Mapping[str, Any]) -> Key:
     """A baseline entry's key: the identity of the row it was saved from (:func:`reporting.row_key`)."""
     return row_key(entry["test_id"], entry["name"], entry["n"], entry["batch"], entry.get("mode"),
-                   entry.get("causal"), entry.get("backend"))
+                   entry.get("causal"), entry.get("backend"), entry.get("m"))
+
+
+def _check_entry(row: Any, where: str, fix: str) -> None:
+    """A saved row has its identity and its counts, each of the right type and sign."""
+    if not isinstance(row, dict):
+        raise BaselineError(f"{where} is not an object; {fix}")
+    for name, kind in _REQUIRED.items():
+        value = row.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise BaselineError(f"{where} has no valid {name!r} (got {value!r}); {fix}")
+        if isinstance(value, int) and value < (1 if name in ("n", "batch") else 0):
+            raise BaselineError(f"{where} has {name}={value}, which no count can be; {fix}")
+    for name in ("mode", "causal", "backend"):
+        if name in row and not isinstance(row[name], str):
+            raise BaselineError(f"{where} has {name}={row[name]!r}, not a string such as 'forward'; {fix}")
+    m = row.get("m")
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+        raise BaselineError(f"{where} has m={m!r}, which no second sequence can be; {fix}")
 
 
 def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
@@ -78,19 +99,7 @@ def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
         raise BaselineError(f"baseline {path}: 'profiles' must be a list; {fix}")
     entries: dict[Key, dict[str, Any]] = {}
     for index, row in enumerate(profiles):
-        if not isinstance(row, dict):
-            raise BaselineError(f"baseline {path}: profile #{index} is not an object; {fix}")
-        for name, kind in _REQUIRED.items():
-            value = row.get(name)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise BaselineError(f"baseline {path}: profile #{index} has no valid {name!r} "
-                                    f"(got {value!r}); {fix}")
-            if isinstance(value, int) and value < (1 if name in ("n", "batch") else 0):
-                raise BaselineError(f"baseline {path}: profile #{index} has {name}={value}, which no count can be; {fix}")
-        for name in ("mode", "causal", "backend"):
-            if name in row and not isinstance(row[name], str):
-                raise BaselineError(f"baseline {path}: profile #{index} has {name}={row[name]!r}, not a string "
-                                    f"such as 'forward'; {fix}")
+        _check_entry(row, f"baseline {path}: profile #{index}", fix)
         key = entry_key(row)
         if key in entries:
             raise BaselineError(f"baseline {path}: profiles #{index} and an earlier one share the key {key}; {fix}")

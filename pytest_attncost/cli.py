@@ -26,6 +26,9 @@ from . import baseline, formulas, reporting
 from .formulas import ModelSpec
 from .units import format_bytes
 from .units import table as text_table
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["ARTICLE", "KV_DTYPES", "PRESETS", "SUBCOMMANDS", "compare_files", "decode_table", "load_factory", "main"]
 

@@ -5,6 +5,10 @@ for bad arguments and for models that cannot be counted; :class:`CountError` is 
 raised where a counter failed, :class:`TimingError` where a timed run could not be made. The
 model's name is put in front of the message in one place (:func:`named`), by the pipeline; where a
 model's own forward failed, :func:`site` and :func:`hint` say where and why, from the traceback.
+
+Every module of the package sets ``__tracebackhide__ = errors.hidden``: pytest then leaves the package's
+frames out of a failure (the user's frames show), unless the plugin failed in its own code (see
+:func:`hidden`); ``--full-trace`` shows every frame.
 """
 
 from __future__ import annotations
@@ -15,7 +19,27 @@ import sysconfig
 import traceback
 from typing import Any
 
-__all__ = ["CountError", "ProfileError", "TimingError", "hint", "named", "site"]
+__all__ = ["CountError", "ProfileError", "TimingError", "hidden", "hint", "named", "site"]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def hidden(excinfo: Any) -> bool:
+    """pytest's ``__tracebackhide__`` for the package's frames: hidden when *excinfo* is one of the package's
+    own errors (a message for the user) or was raised outside the package (the user's model, torch);
+    shown when the package's own code failed (a bug to report, traceback and all)."""
+    if excinfo is None:
+        return True
+    value = excinfo.value
+    if type(value).__module__.startswith(__package__ or "pytest_attncost"):
+        return True
+    tb = value.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is None or not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
+
+
+__tracebackhide__ = hidden
 
 
 class ProfileError(ValueError):

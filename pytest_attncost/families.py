@@ -31,6 +31,9 @@ from torch import nn
 
 from .errors import ProfileError
 from .formulas import ModelSpec
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = [
     "GATED_FAMILIES",
@@ -229,7 +232,7 @@ def float_dtype(model: nn.Module) -> torch.dtype:
 
 def batch_first(model: nn.Module) -> bool:
     """Whether torch's Transformer module takes ``(batch, n, D)`` (else ``(n, batch, D)``)."""
-    if isinstance(model, nn.MultiheadAttention):
+    if isinstance(model, (nn.MultiheadAttention, nn.Transformer)):
         return bool(model.batch_first)
     if isinstance(model, (nn.TransformerEncoder, nn.TransformerDecoder)):
         return batch_first(model.layers[0])
@@ -237,15 +240,22 @@ def batch_first(model: nn.Module) -> bool:
 
 
 TORCH_KINDS = (nn.MultiheadAttention, nn.TransformerEncoder, nn.TransformerEncoderLayer,
-                nn.TransformerDecoder, nn.TransformerDecoderLayer)
+                nn.TransformerDecoder, nn.TransformerDecoderLayer, nn.Transformer)
+#: torch's modules that read a second sequence, in their second argument: a decoder's memory, the target
+#: (nn.MultiheadAttention's keys and values too)
+TWO_SEQUENCES = (nn.TransformerDecoder, nn.TransformerDecoderLayer, nn.Transformer, nn.MultiheadAttention)
+ONE_SEQUENCE = ("m= is the length of a second sequence, and {model} reads one (an encoder-decoder's target, a "
+                "decoder's memory): drop m=")
 
 
-def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def default_inputs(model: nn.Module, n: int | None, batch: int, m: int | None = None
+                   ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Inputs for known model kinds, built on the meta device (no memory, no values).
 
     Vision models take an image of the config's size, video models a clip of the config's
     frames (n is then what the attention saw: patches, plus CLS, distillation or register
-    tokens); every other kind needs *n*.
+    tokens); every other kind needs *n*. A model that reads two sequences gets the second at *m*
+    (default *n*): an encoder-decoder's target, a decoder's memory.
 
     Raises:
         ProfileError: *n* is missing, or the model's inputs cannot be guessed.
@@ -268,26 +278,43 @@ def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[A
             # the article's what-if, and slicing the model's own buffers would stop at it.
             for extra in ("position_ids", "token_type_ids", "decoder_input_ids"):
                 if extra in params:
-                    kwargs[extra] = torch.zeros((batch, length), dtype=torch.long, device=meta)
+                    width = m if extra == "decoder_input_ids" and m is not None else length
+                    kwargs[extra] = torch.zeros((batch, width), dtype=torch.long, device=meta)
         elif main == "pixel_values":
             kwargs["pixel_values"] = _image(model, config, batch)
         else:
             raise ProfileError(f"cannot build default inputs for {type(model).__name__} ({main!r}); {INPUTS_HINT}")
+        if m is not None and "decoder_input_ids" not in kwargs:
+            raise ProfileError(ONE_SEQUENCE.format(model=type(model).__name__))
         if "use_cache" in params:
             kwargs["use_cache"] = False  # a DynamicCache cannot cross the tracer
         return (), kwargs
     if isinstance(model, TORCH_KINDS):
-        length = need_n()
-        spec, _ = spec_of(model)
-        width = model.embed_dim if isinstance(model, nn.MultiheadAttention) else spec.hidden  # type: ignore[union-attr]
-        shape = (batch, length, width) if batch_first(model) else (length, batch, width)
-        x = torch.zeros(shape, dtype=float_dtype(model), device=meta)
-        if isinstance(model, nn.MultiheadAttention):
-            return (x, x, x), {}
-        if isinstance(model, (nn.TransformerDecoder, nn.TransformerDecoderLayer)):
-            return (x, torch.zeros(shape, dtype=x.dtype, device=meta)), {}
-        return (x,), {}
+        return _torch_inputs(model, need_n(), batch, m)
     raise ProfileError(f"cannot guess the inputs of {type(model).__name__}; {INPUTS_HINT}")
+
+
+def _torch_inputs(model: nn.Module, length: int, batch: int, m: int | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """torch's Transformer modules: ``(batch, n, D)`` floats (``batch_first`` respected), a second sequence at m."""
+    meta = torch.device("meta")
+    spec, _ = spec_of(model)
+    width = (model.embed_dim if isinstance(model, nn.MultiheadAttention) else
+             model.d_model if isinstance(model, nn.Transformer) else spec.hidden)  # type: ignore[union-attr]
+
+    def sequence(length: int, width: int) -> torch.Tensor:
+        shape = (batch, length, width) if batch_first(model) else (length, batch, width)
+        return torch.zeros(shape, dtype=float_dtype(model), device=meta)
+
+    x = sequence(length, width)
+    if isinstance(model, nn.MultiheadAttention):  # keys and values: the memory at m, else x itself
+        if m is None and model._qkv_same_embed_dim:
+            return (x, x, x), {}
+        return (x, sequence(m or length, model.kdim), sequence(m or length, model.vdim)), {}
+    if isinstance(model, TWO_SEQUENCES):
+        return (x, sequence(m or length, width)), {}
+    if m is not None:
+        raise ProfileError(ONE_SEQUENCE.format(model=type(model).__name__))
+    return (x,), {}
 
 
 def _image(model: nn.Module, config: Any, batch: int) -> torch.Tensor:

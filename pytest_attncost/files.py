@@ -16,6 +16,9 @@ import re
 import stat
 import tempfile
 from pathlib import Path
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Refused", "TEMPORARY", "drop_temporaries", "read", "unwritable", "write"]
 

@@ -24,6 +24,9 @@ import dataclasses
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = [
     "Costs",

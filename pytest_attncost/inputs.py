@@ -23,6 +23,9 @@ from . import families
 from .errors import ProfileError
 from .formulas import ModelSpec
 from .parts import Split
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Built", "build", "cache_bytes", "decode_lengths", "folded_sequences", "fresh", "read_lengths", "to_meta",
            "to_real", "token_shape", "user_inputs"]
@@ -64,7 +67,7 @@ class Built:
 
 
 def build(target: nn.Module, n: int | None, batch: int, inputs: Inputs | None, decoding: bool = False,
-          new_tokens: int = 1) -> Built:
+          new_tokens: int = 1, m: int | None = None) -> Built:
     """The inputs of a count of *target* (see the module docstring).
 
     Raises:
@@ -78,7 +81,7 @@ def build(target: nn.Module, n: int | None, batch: int, inputs: Inputs | None, d
         args, kwargs = fresh(*given)  # the cache's tensors too, not only pytree leaves
         return Built(args, kwargs, given, decoding=True)
     if inputs is None:
-        return Built(*families.default_inputs(target, n, batch))
+        return Built(*families.default_inputs(target, n, batch, m))
     given = user_inputs(inputs, n, batch)
     args, kwargs = to_meta(given)
     return Built(args, kwargs, given)
@@ -151,6 +154,37 @@ def read_lengths(target: nn.Module, built: Built, n: int | None, batch: int, bat
     if built.given is not None:
         batch = _held_batch(target, args, kwargs, shape, spec, parts, batch, batch_given, measured)
     return measured, batch
+
+
+def second_length(target: nn.Module, built: Built, n: int, m: int | None, spec: ModelSpec | None,
+                  parts: Split) -> int | None:
+    """m: the second sequence's length (an encoder-decoder's target, a decoder's memory, the keys of a
+    cross-attention module), None for a model that reads one; *m*, if asked for, must be it.
+
+    Raises:
+        ProfileError: *m* was asked for and the inputs hold another length, or none.
+    """
+    args, kwargs = built.args, built.kwargs
+    second: Any = None
+    if isinstance(target, families.TWO_SEQUENCES):
+        names = ("key", "memory", "tgt")
+        second = args[1] if len(args) > 1 else next((kwargs[k] for k in names if k in kwargs), None)
+        if isinstance(second, torch.Tensor) and second.dim() == 3:
+            second = int(second.shape[1] if families.batch_first(target) else second.shape[0])
+    elif isinstance(kwargs.get("decoder_input_ids"), torch.Tensor) and kwargs["decoder_input_ids"].dim() == 2:
+        second = int(kwargs["decoder_input_ids"].shape[1])
+    if not isinstance(second, int) and spec is not None and spec.cross_attention:
+        second = next((keys for queries, keys, _ in parts.lengths if keys != n), n)  # what the memory was
+    found = second if isinstance(second, int) else None
+    if m is not None and found != m:
+        raise ProfileError(f"m={m} was asked for, but the inputs' second sequence is {found} tokens long; drop m= to "
+                           "use the inputs' length, or make the inputs match" if found is not None else
+                           ONE_SEQUENCE_READ.format(m=m, model=type(target).__name__))
+    return found
+
+
+ONE_SEQUENCE_READ = ("m={m} was asked for, but {model}'s inputs hold no second sequence it can be read from (an "
+                     "encoder-decoder's decoder_input_ids, a decoder's memory); drop m=")
 
 
 def folded_sequences(target: nn.Module, built: Built, spec: ModelSpec | None, parts: Split, batch: int) -> int | None:

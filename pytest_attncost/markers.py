@@ -18,6 +18,9 @@ from .formulas import relative_deviation
 from .result import MODES, Profile, Timing
 from .series import Sweep, SweepError
 from .units import UnitError, format_bytes, format_count, format_tokens, parse_bytes, parse_count
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Bounds", "MIN_REPEATS", "MarkerError", "TIME_BOUNDS", "check_bounds", "check_sweep", "check_time_bounds",
            "parse_marker_kwargs", "parse_time_bound", "MARKER_HELP"]
@@ -49,6 +52,7 @@ class Bounds:
 
     lengths: tuple[int, ...] = ()
     batch: int | None = None
+    m: int | None = None  # the second sequence's length (encoder-decoders, cross-attention)
     attention_share_max: float | None = None
     attention_share_min: float | None = None
     quadratic_share_max: float | None = None
@@ -76,7 +80,7 @@ class Bounds:
         return any(
             getattr(self, f.name) not in (None, False)
             for f in dataclasses.fields(self)
-            if f.name not in ("lengths", "batch", "mode", "new_tokens")
+            if f.name not in ("lengths", "batch", "m", "mode", "new_tokens")
         )
 
     @property
@@ -191,7 +195,7 @@ def _mode(name: str, value: object) -> str:
 
 #: How each keyword is read (in the order problems are reported).
 _PARSERS: Mapping[str, Callable[[str, object], Any]] = {
-    "batch": _length, **dict.fromkeys(_SHARES, _share), **dict.fromkeys(_COUNTS, _read(parse_count)), "formula_rtol": _rtol,
+    "batch": _length, "m": _length, **dict.fromkeys(_SHARES, _share), **dict.fromkeys(_COUNTS, _read(parse_count)), "formula_rtol": _rtol,
     "max_increase": _increase, "crossover_min": _tokens, "crossover_max": _tokens, "crosscheck": _flag,
     "crossover_rtol": _rtol, "mode": _mode, "new_tokens": _length, "kv_cache_max": _read(parse_bytes),
     **dict.fromkeys(TIME_BOUNDS, parse_time_bound),
@@ -212,6 +216,9 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
             values[name] = parse(name, kwargs[name])
         if name == "new_tokens" and name in kwargs and values.get("mode") != "decode":
             raise MarkerError("new_tokens is a decode step's query length: add mode='decode'")
+    if values.get("m") is not None and values.get("mode") == "decode":
+        raise MarkerError("m is the second sequence's length (encoder-decoders, cross-attention); a decode step has "
+                          "n (its cache) and new_tokens: drop m")
     bounds = Bounds(**values)
     if bounds.crossover_min is not None and bounds.crossover_max is not None and bounds.crossover_min > bounds.crossover_max:
         raise MarkerError(f"crossover_min {bounds.crossover_min:g} > crossover_max {bounds.crossover_max:g}: no sweep can pass")

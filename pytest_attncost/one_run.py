@@ -26,6 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["POSSIBLE", "Diverged", "OpMemo", "at", "enabled", "length_of", "spread", "swept"]
 

@@ -20,6 +20,9 @@ from .errors import ProfileError
 from .formulas import ModelSpec
 from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product, parent, within
 from .roles import ROLE_NAMES, Flow, Structure, product_part, role_of
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["PARTS", "Split", "explicit_roles", "outside_note", "split", "structure_warnings"]
 

@@ -33,6 +33,9 @@ from .errors import ProfileError, named
 from .formulas import ModelSpec
 from .ops import RawCount, ancestors
 from .result import CAUSAL, COMPONENTS, Profile, versions
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Placement", "Setup", "assemble", "place", "quiet_torch_logs", "run", "sweep_in_one_run"]
 
@@ -79,6 +82,14 @@ CACHE_BYTES_WARNING = ("kv_cache_bytes is 0: the step attended to n={n} cached t
 NOT_A_DECODER = ("{name} is not a decoder: its attention is bidirectional (is_causal=False, config.is_decoder is "
                  "False), so a step against a KV cache describes no generation; decode steps are for decoders (GPT-2, "
                  "LLaMA, ...), or an encoder built with is_decoder=True")
+
+
+def _says_causal(setup: Setup, name: str) -> bool | None:
+    """What module *name* says of its attention: is_causal, or transformers 4's is_decoder; None if silent."""
+    if name in setup.declared:
+        return setup.declared[name]
+    said = getattr(setup.twin.get_submodule(name), "is_decoder", None)
+    return said if isinstance(said, bool) else None
 
 
 @dataclass
@@ -173,7 +184,7 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
         raise ProfileError(NOTHING_RAN)
     if decoding and not getattr(getattr(setup.target, "config", None), "is_decoder", False):
         # what the modules that ran the step's attention say of themselves (the nearest that says anything)
-        said = [next((setup.declared[a] for a in ancestors(scope) if a in setup.declared), None)
+        said = [next((said for a in ancestors(scope) if (said := _says_causal(setup, a)) is not None), None)
                 for scope in roles_mod.core_scopes(raw.records)]
         said = [causal for causal in said if causal is not None]
         if said and not any(said):
@@ -221,9 +232,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
             notes.append(SPEC_NOTE.format(why=FOLDED_NOTE.format(sequences=folded, n=n, batch=batch)))
             spec = None
     assert n is not None
-    memory = None
-    if spec is not None and spec.cross_attention:
-        memory = next((keys for queries, keys, _ in parts.lengths if keys != n), n)
+    memory = None if decoding else inputs.second_length(target, built, n, options.m, spec, parts)
     layers = spec.layers if spec is not None else max(1, len(structure.layers if structure else parts.attention_modules))
     result = Profile(
         name=setup.model_name, n=n, batch=batch, attention_core=parts.attention_core,

@@ -19,6 +19,9 @@ from typing import Any
 from . import files, formulas
 from .formulas import ModelSpec
 from .units import format_count
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["MISSING_MATPLOTLIB", "plot_decode", "plot_sweep", "plot_time_shares", "require_matplotlib", "shares_plot",
            "stem_for", "stems_for"]

@@ -40,6 +40,9 @@ from .settings import Settings, add_options
 if TYPE_CHECKING:
     from .result import Profile
     from .series import Sweep
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["AttncostCheckError", "AttncostFixture", "attncost", "attncost_n"]
 
@@ -186,8 +189,9 @@ class AttncostFixture:
         causal: str = "full",
         fallback: bool = True,
         new_tokens: int | None = None,
+        m: int | None = None,
     ) -> Profile:
-        """Like :func:`pytest_attncost.profile`, defaulting n and batch to the marker's and the backend to
+        """Like :func:`pytest_attncost.profile`, defaulting n, m and batch to the marker's and the backend to
         the ini's; recorded for the report (and counted by both backends when cross-checking)."""
         from .api import profile
 
@@ -197,13 +201,15 @@ class AttncostFixture:
             n = self._n
         if batch is None and self._bounds is not None:
             batch = self._bounds.batch
+        if m is None and self._bounds is not None:
+            m = self._bounds.m
         if mode is None:  # the marker's mode (and decode step), else a forward pass
             mode = (self._bounds.mode if self._bounds is not None else None) or "forward"
         if mode == "decode" and new_tokens is None and self._bounds is not None:
             new_tokens = self._bounds.new_tokens
         settings = self._item.config.stash[SETTINGS_KEY]
         options = dict(batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, mode=mode, causal=causal,
-                       new_tokens=new_tokens)
+                       new_tokens=new_tokens, m=m)
         result = profile(model, n, backend=backend or settings.backend, fallback=fallback, **options)
         self._item.stash.setdefault(PROFILES_KEY, []).append(result)
         wanted = self._bounds.crosscheck if self._bounds is not None and self._bounds.crosscheck is not None else (

@@ -24,6 +24,9 @@ from .markers import threshold_notes
 from .result import Profile, versions
 from .series import Sweep, SweepError
 from .units import format_bytes, format_count, format_tokens, table
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "render_markdown", "render_terminal", "row_key",
            "sections", "sort_rows"]
@@ -31,12 +34,13 @@ __all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "ren
 SCHEMA = 1
 
 #: A row's identity: test id, profile name, n, batch, mode, causal accounting, backend.
-RowKey = tuple[str, str, int, int, str, str, str]
+RowKey = tuple[str, str, int, int, str, str, str, int | None]
 
 def row_key(test_id: str, name: str, n: int, batch: int, mode: str | None = "forward", causal: str | None = "full",
-            backend: str | None = "fvcore") -> RowKey:
-    """The one identity of a row: reports sort by it, baselines are keyed by it."""
-    return (test_id, name, n, batch, mode or "forward", causal or "full", backend or "fvcore")
+            backend: str | None = "fvcore", m: int | None = None) -> RowKey:
+    """The one identity of a row: reports sort by it, baselines are keyed by it (a second sequence's
+    length only where it differs from n)."""
+    return (test_id, name, n, batch, mode or "forward", causal or "full", backend or "fvcore", None if m == n else m)
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Row:
     @property
     def key(self) -> RowKey:
         p = self.profile
-        return row_key(self.test_id, p.name, p.n, p.batch, p.mode, p.causal, p.backend)
+        return row_key(self.test_id, p.name, p.n, p.batch, p.mode, p.causal, p.backend, p.m)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``Profile.to_dict()`` plus the row's own keys (absent ones left out)."""
@@ -200,7 +204,7 @@ def _cells(row: Row, unit: str, baseline: bool = False, crosscheck: bool = False
     return [
         row.test_id,
         _model_cell(row),
-        str(p.n),
+        str(p.n) if p.m is None or p.m == p.n else f"{p.n} (m {p.m})",
         str(p.batch),
         format_count(p.total, unit, suffix=False),
         format_count(p.attention, unit, suffix=False),

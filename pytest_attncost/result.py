@@ -17,6 +17,9 @@ from . import formulas
 from .formulas import Costs, ModelSpec, relative_deviation
 from .ops import MATMUL_LIKE_UNSUPPORTED
 from .units import format_count, format_seconds, table
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["BACKENDS", "CAUSAL", "COMPONENTS", "MODES", "PARTS", "TOTALS", "Profile", "Timing", "median", "versions"]
 
@@ -43,7 +46,10 @@ class Profile:
         other: everything else fvcore counted (embeddings, norms, heads, poolers).
         layers: layers in the model (from the spec, else attention modules found).
         spec: the shape the formulas are evaluated for; None when unknown.
-        m: memory length for cross-attention (None for self-attention-only models).
+        m: the second sequence's length, for models that read two: an encoder-decoder's target
+            (``decoder_input_ids``, ``nn.Transformer``'s ``tgt``), a decoder stack's memory
+            (``nn.TransformerDecoder``; the formulas' cross-attention keys), ``nn.MultiheadAttention``'s
+            keys; None for a model that reads one sequence. ``n`` is always the main (first) input's length.
         unsupported_ops: op -> number of calls fvcore could not count.
         by_module: module name (``""`` is the root) -> MACs, fvcore's ``by_module``.
         backend: the counter that made the count, ``fvcore`` or ``torch`` (FlopCounterMode).
@@ -105,7 +111,8 @@ class Profile:
                 (self.mode, self.mode != "forward"), (self.backend, self.backend != "fvcore"),
                 ("causal half", self.causal_applied), (f"{len(self.warnings)} warnings", bool(self.warnings)))
             if on)
-        return (f"Profile({self.name!r}, n={self.n}, batch={self.batch}, core={self.attention_core:,}, "
+        m = f", m={self.m}" if self.m is not None and self.m != self.n else ""
+        return (f"Profile({self.name!r}, n={self.n}{m}, batch={self.batch}, core={self.attention_core:,}, "
                 f"proj={self.attention_proj:,}, ffn={self.ffn:,}, other={self.other:,}, "
                 f"share={self.attention_share:.3f}{extra})")
 

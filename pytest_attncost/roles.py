@@ -34,6 +34,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .ops import OpRecord, ancestors, is_fused, is_product, parent, within
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["ROLE_NAMES", "Flow", "Structure", "core_scopes", "find_structure", "product_part", "role_of"]
 
@@ -125,8 +128,16 @@ class Flow:
 
 
 def _table(record: OpRecord) -> bool:
-    """A product of vectors only (rotary's positions x frequencies): it makes a table, it projects nothing."""
-    return bool(record.shapes) and all(len(shape) < 2 for shape in record.shapes)
+    """A product of vectors only (rotary's positions x frequencies): it makes a table, it projects nothing.
+    Vectors as such, or columns times rows (an outer product: the contracted dimension is 1)."""
+    shapes = record.shapes
+    if not shapes:
+        return False
+    return (all(len(shape) < 2 for shape in shapes)
+            or (record.op in _OUTER and len(shapes) == 2 and len(shapes[0]) >= 2 and shapes[0][-1] == 1))
+
+
+_OUTER = ("aten::matmul", "aten::mm", "aten::bmm")  # a @ b, contracting a's last dimension
 
 
 def core_scopes(records: Sequence[OpRecord]) -> dict[str, None]:

@@ -22,6 +22,9 @@ from typing import Any, Generic, TypeVar, overload
 
 from . import formulas
 from .result import Profile, Timing
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Coefficients", "DecodeSweep", "Sweep", "SweepError", "TimingSweep"]
 

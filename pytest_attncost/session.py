@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from .result import Profile
     from .settings import Settings
     from .series import Sweep
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 BOUNDS_KEY = pytest.StashKey[Bounds]()
@@ -139,7 +142,8 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
         if second is not None:
             crosscheck, disagreements = _crosscheck(result, second)
             found += disagreements
-        key = row_key(item.nodeid, result.name, result.n, result.batch, result.mode, result.causal, result.backend)
+        key = row_key(item.nodeid, result.name, result.n, result.batch, result.mode, result.causal, result.backend,
+                      result.m)
         if settings.save_path is not None or baseline is not None:
             if key in keys_seen:
                 found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))

@@ -14,6 +14,9 @@ import pytest
 from . import files
 from .plots import require_matplotlib
 from .units import UNITS
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["BACKENDS", "Settings", "add_options"]
 

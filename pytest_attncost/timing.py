@@ -74,6 +74,9 @@ from .ops import FUSED_ATTENTION_OPS, MATMUL_LIKE_UNSUPPORTED, PRODUCTS, attenti
 from .result import PARTS, TOTALS, Profile, Timing, median
 from .roles import product_part, role_of
 from .units import format_seconds
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["DEFAULT_REPEATS", "DEFAULT_WARMUP", "device_of", "time_forward"]
 

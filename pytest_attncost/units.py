@@ -12,6 +12,9 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["UnitError", "format_bytes", "format_count", "format_seconds", "format_tokens", "parse_bytes", "parse_count",
            "table", "UNITS"]

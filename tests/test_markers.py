@@ -34,7 +34,7 @@ from test_timing import shares
 SHARES = ["attention_share_max", "attention_share_min", "quadratic_share_max", "linear_saving_max"]
 COUNTS = ["total_max", "attention_max", "ffn_max"]
 TOLERANCES = ["formula_rtol", "crossover_rtol", "max_increase"]
-LENGTHS = ["n", "batch"]
+LENGTHS = ["n", "batch", "m"]
 TOKENS = ["crossover_min", "crossover_max"]
 FLAGS = ["crosscheck"]
 DECODE = ["mode", "new_tokens", "kv_cache_max"]

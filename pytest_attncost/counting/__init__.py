@@ -28,6 +28,9 @@ from .jit import count_forward
 from .masks import buffer_masks
 from .repeats import full_trace
 from .twin import meta_twin, real_twin, unwrap
+from ..errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward", "count_forward_torch",
            "fresh_count", "full_trace", "meta_twin", "module_totals", "real_twin", "unwrap"]
@@ -42,6 +45,7 @@ class Options:
     causal: str = "full"
     fallback: bool = True
     new_tokens: int = 0  # decode mode: the step's query tokens
+    m: int | None = None  # the second sequence's length asked for (Profile.m)
 
 
 @dataclass(frozen=True)
@@ -135,14 +139,14 @@ def _fallback(target: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[
                    f"\nFix: pass the model built on the CPU (not a factory, not on meta): the torch backend then runs "
                    f"it on real tensors (n <= {REAL_TENSOR_MAX_N}), and the values it reads choose its branches.")
             raise CountError(f"{first}\nThe torch backend could not count it either ({fake_error}); real tensors "
-                             f"were not tried: {why}.{fix}") from first
+                             f"were not tried: {why}.{fix}") from first.__cause__ or first  # the user's error, if any
         real_args = real_args if real_args is not None else (to_real(args), to_real(kwargs))
         twin = real_twin(target)
         prepare_twin(twin)
         try:
             return count_forward_torch(twin, real_args[0], real_args[1], fake=False, buffer_masks=masks), True
         except CountError as real_error:
-            raise CountError(f"{first}\nThe fallback failed too: {real_error}") from first
+            raise CountError(f"{first}\nThe fallback failed too: {real_error}") from first.__cause__ or first
 
 
 def _look_inside(target: nn.Module, raw: RawCount, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],

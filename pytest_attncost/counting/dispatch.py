@@ -29,6 +29,9 @@ from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, a
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, score_op, sdpa_label
 from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
 from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
+from ..errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["at_lengths", "count_forward_torch", "module_totals"]
 

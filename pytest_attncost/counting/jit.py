@@ -29,6 +29,9 @@ from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, m
 from .repeats import (SHORTCUT, NotRepeating, Repeats, Run, alike, copied, layer_records, passes_through, rename,
                       transported)
 from .twin import drop_hooks, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
+from ..errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["EXTRA_HANDLES", "count_forward"]
 
@@ -466,6 +469,25 @@ def _aliased_output(run: Run, name: str) -> Any:
                            run.calls[1][2])
 
 
+# Where torch implements an op's meta kernel in Python (torch < 2.9: convolutions), the jit trace on the
+# meta device records the kernel's shape arithmetic and its empty output in place of the op: its MACs vanish.
+_PYTHON_KERNELS = ("torch/_meta_registrations.py", "torch/_refs/", "torch/_prims", "torch/_decomp/")
+_KERNEL_OUTPUTS = ("aten::empty", "aten::new_empty", "aten::new_zeros", "aten::zeros")  # ignored by fvcore else
+PYTHON_KERNEL = ("torch {version} runs an op in {scope} through a meta kernel written in Python ({where}), which "
+                 "the jit trace records in place of the op: fvcore would count it as 0 MAC on the meta device")
+
+
+def _not_in_a_python_kernel(inputs: list[Any], outputs: list[Any]) -> int:
+    """0 MAC, as fvcore ignores the op; an error where it is the output of a meta kernel written in Python."""
+    node = outputs[0].node()
+    innermost = node.sourceRange().replace("\\", "/").split("\n")[0]  # "path(line): function"
+    if any(path in innermost for path in _PYTHON_KERNELS):
+        raise CountError(PYTHON_KERNEL.format(version=torch.__version__.split("+")[0],
+                                              scope=_scope_of(node) or "the model",
+                                              where=innermost.rsplit("/torch/", 1)[-1]))
+    return 0
+
+
 def _handles(analysis: Any, ctx: _TraceContext, harness: _Harness, default_ops: Mapping[str, Handle],
              repeats: Repeats | None) -> tuple[list[tuple[int, ...]], Counter[str]]:
     """Install the handles on *analysis*: every counted op recorded, what reaches the model's outputs kept
@@ -480,6 +502,7 @@ def _handles(analysis: Any, ctx: _TraceContext, harness: _Harness, default_ops: 
         return 0
 
     analysis.set_op_handle(**{"prim::TupleConstruct": outputs_of})
+    analysis.set_op_handle(**{op: _not_in_a_python_kernel for op in _KERNEL_OUTPUTS})
     aliases: Counter[str] = Counter()
     if repeats is not None:
         def marker(inputs: list[Any], outputs: list[Any]) -> int:

@@ -15,6 +15,9 @@ from torch import nn
 
 from ..errors import CountError
 from ..families import patchify_conv
+from ..errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["as_if_compiling", "drop_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
            "unwrap"]

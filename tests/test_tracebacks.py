@@ -1,0 +1,78 @@
+"""A failing model shows the user's frames, not the plugin's; --full-trace and the plugin's own bugs show all."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import pytest_attncost
+from pytest_attncost import errors
+
+MODEL = """
+import torch
+from torch import nn
+
+
+class Broken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        raise ValueError("the user's model breaks here")
+"""
+
+TEST = """
+import pytest
+import torch
+from mymodel import Broken
+
+
+@pytest.mark.attncost(n=4)
+def test_broken(attncost):
+    attncost.profile(Broken(), inputs=(torch.zeros(1, 4, 8),))
+"""
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makepyfile(mymodel=MODEL, test_model=TEST)
+    pytester.syspathinsert()
+    return pytester
+
+
+def plugin_frames(lines: list[str]) -> list[str]:
+    return [line for line in lines if "pytest_attncost/" in line and ".py:" in line]
+
+
+def test_a_failing_model_shows_its_own_frames_and_none_of_the_plugins(suite):
+    result = suite.runpytest("-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*raise ValueError(\"the user's model breaks here\")*", "mymodel.py:12: ValueError",
+                                 "*attncost.profile(Broken()*", "*CountError: Broken: fvcore could not trace*"])
+    assert plugin_frames(result.outlines) == []
+
+
+def test_full_trace_shows_every_frame(suite):
+    result = suite.runpytest("-p", "no:randomly", "--full-trace")
+    assert any("pytest_attncost/api.py" in line for line in plugin_frames(result.outlines))
+
+
+def test_a_bug_of_the_plugins_own_shows_its_frames(suite, monkeypatch):
+    monkeypatch.setattr(pytest_attncost.families, "prepare_twin", None)  # the pipeline calls None: a TypeError
+    result = suite.runpytest("-p", "no:randomly")
+    result.stdout.fnmatch_lines(["*TypeError*"])
+    assert any("pytest_attncost/pipeline.py" in line for line in plugin_frames(result.outlines))
+
+
+def test_every_module_of_the_package_hides_its_frames():
+    names = [module.name for module in pkgutil.walk_packages(pytest_attncost.__path__, "pytest_attncost.")]
+    assert len(names) > 20
+    for name in ["pytest_attncost", *names]:
+        if name == "pytest_attncost.__main__":  # importing it runs the command line
+            continue
+        module = importlib.import_module(name)
+        assert module.__dict__.get("__tracebackhide__") is errors.hidden, name
