@@ -1,7 +1,7 @@
 """The version matrix: the test suite and the examples on the floor stack and the newest stack.
 
     pip install nox && nox                 # both stacks, one after the other
-    nox -s "stack(floor)"                  # one of them
+    nox -k floor                           # one of them (or: nox -k newest)
 
 Each stack is a fresh virtual environment with torch, transformers and pytest pinned (torch through a
 constraint file, so that no other requirement moves it). Every torch here but the one the README installs is

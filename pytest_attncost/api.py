@@ -266,8 +266,8 @@ def measure(
 
     Args:
         model: an ``nn.Module`` (its weights are used), or a zero-argument factory.
-        n, batch, inputs, roles, spec, name, backend: as for :func:`profile`, which counts the MACs
-            (once, or not at all when an identical profile is cached) on the inputs then timed.
+        n: and *batch*, *inputs*, *roles*, *spec*, *name*, *backend*: as for :func:`profile`, which counts
+            the MACs (once, or not at all when an identical profile is cached) on the inputs then timed.
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:1"``, a ``torch.device``). On a GPU the parts
             are kernel (device) times and the forward is timed with CUDA events.
         dtype: cast the copy's floating parameters and float inputs (``torch.bfloat16``);

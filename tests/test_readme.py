@@ -1,4 +1,5 @@
-"""Every Python block of the README runs: test files pass under pytest, the others execute.
+"""Every Python block of the README and of the docs site runs: test files pass under pytest, the others
+execute; the site builds in strict mode.
 
 A block that is a test file (it defines ``test_*`` functions or uses the marker) is written to a
 pytester project and must pass; any other block is executed in a fresh namespace. Blocks must be
@@ -7,12 +8,17 @@ self-contained: what a reader copies has to work as it stands.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```python\n(.*?)^```\s*$", re.DOTALL | re.MULTILINE)
 
 
@@ -25,15 +31,36 @@ def is_test_file(code: str) -> bool:
     return "def test_" in code or "@pytest.mark.attncost" in code
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
-TEST_FILES = [pytest.param(code, id=f"README.md:{line}") for line, code in BLOCKS if is_test_file(code)]
-SNIPPETS = [pytest.param(line, code, id=f"README.md:{line}") for line, code in BLOCKS if not is_test_file(code)]
+BLOCKS = [(page.relative_to(ROOT).as_posix(), line, code) for page in PAGES
+          for line, code in python_blocks(page.read_text(encoding="utf-8"))]
+TEST_FILES = [pytest.param(code, id=f"{page}:{line}") for page, line, code in BLOCKS if is_test_file(code)]
+SNIPPETS = [pytest.param(line, code, id=f"{page}:{line}") for page, line, code in BLOCKS if not is_test_file(code)]
 
 
-def test_the_readme_has_both_kinds_of_block() -> None:
+def test_the_pages_have_both_kinds_of_block() -> None:
     # a fence written differently (```py, ```Python) would silently drop its block from the checks below
-    assert not re.search(r"^```(py|Python|python3)\s*$", README.read_text(encoding="utf-8"), re.MULTILINE)
-    assert len(TEST_FILES) >= 3 and len(SNIPPETS) >= 2
+    for page in PAGES:
+        assert not re.search(r"^```(py|Python|python3)\s*$", page.read_text(encoding="utf-8"), re.MULTILINE), page
+    assert len(PAGES) > 10 and len(TEST_FILES) >= 3 and len(SNIPPETS) >= 2
+
+
+def test_the_readme_opens_with_the_two_commands_and_links_to_pages_that_exist() -> None:
+    text = README.read_text(encoding="utf-8")
+    fences = re.findall(r"^```(\w*)\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+    assert [lang for lang, _ in fences[:2]] == ["bash", "bash"]
+    assert fences[0][1].rstrip().endswith("pytest examples --attncost-report")
+    assert fences[1][1].rstrip().endswith("pytest tests -n 2")
+    links = re.findall(r"\]\((docs/[^)#]+)", text)
+    assert links and [link for link in links if not (ROOT / link).is_file()] == []
+    assert "mkdocs build" in text  # the site's one command
+
+
+def test_the_docs_site_builds_in_strict_mode(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8").count("Count one forward") >= 1
 
 
 @pytest.mark.parametrize("code", TEST_FILES)
@@ -48,14 +75,14 @@ def test_readme_test_file_passes(code: str, pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(("line", "code"), SNIPPETS)
 def test_readme_snippet_runs(line: int, code: str) -> None:
     namespace: dict[str, object] = {"__name__": f"readme_block_{line}"}
-    exec(compile(code, f"{README}:{line}", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, f"page:{line}", "exec"), namespace)  # noqa: S102 - our own pages
 
 
-def test_every_fixture_option_and_ini_key_is_in_the_readme(pytestconfig: pytest.Config) -> None:
+def test_every_fixture_option_and_ini_key_is_in_the_docs(pytestconfig: pytest.Config) -> None:
     # a name the plugin's messages may send a user to (attncost_n, --attncost-lock-timeout) must be findable
     from pytest_attncost import plugin
 
-    text = README.read_text(encoding="utf-8")
+    text = "".join(page.read_text(encoding="utf-8") for page in PAGES)
     fixtures = [name for name in plugin.__all__ if name.startswith("attncost")]
     parser = pytestconfig._parser  # noqa: SLF001 - pytest keeps its registered options here only
     options = [name for group in parser._groups for option in group.options  # noqa: SLF001
