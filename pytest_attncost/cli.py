@@ -353,10 +353,11 @@ def _change(before: int, after: int) -> str:
 
 
 def _entry_label(key: tuple[Any, ...]) -> list[str]:
-    """test id, model (with mode, causal accounting and backend when not the defaults), n, batch."""
-    test_id, name, n, batch, mode, causal, backend = key
+    """test id, model (with mode, causal accounting and backend when not the defaults), n (and m), batch."""
+    test_id, name, n, batch, m, mode, causal, backend = key
     notes = [note for note, default in ((mode, "forward"), (causal, "full"), (backend, "fvcore")) if note != default]
-    return [test_id, f"{name} ({', '.join(notes)})" if notes else name, f"{n:,}", str(batch)]
+    return [test_id, f"{name} ({', '.join(notes)})" if notes else name, f"{n:,}" + (f" (m {m:,})" if m else ""),
+            str(batch)]
 
 
 def _entries(count: int) -> str:

@@ -34,13 +34,14 @@ __all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "ren
 SCHEMA = 1
 
 #: A row's identity: test id, profile name, n, batch, mode, causal accounting, backend.
-RowKey = tuple[str, str, int, int, str, str, str, int | None]
+RowKey = tuple[str, str, int, int, int, str, str, str]
 
 def row_key(test_id: str, name: str, n: int, batch: int, mode: str | None = "forward", causal: str | None = "full",
             backend: str | None = "fvcore", m: int | None = None) -> RowKey:
-    """The one identity of a row: reports sort by it, baselines are keyed by it (a second sequence's
-    length only where it differs from n)."""
-    return (test_id, name, n, batch, mode or "forward", causal or "full", backend or "fvcore", None if m == n else m)
+    """The one identity of a row: reports sort by it, baselines are keyed by it. A second sequence's length
+    counts only where it differs from n (else 0); the backend comes last (compare pairs entries by the rest)."""
+    return (test_id, name, n, batch, 0 if m is None or m == n else m, mode or "forward", causal or "full",
+            backend or "fvcore")
 
 
 @dataclass(frozen=True)

@@ -391,3 +391,14 @@ def test_profile_a_factory_interrupted_is_not_swallowed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         cli.main(["profile", "interrupted.py:build", "--n", "8"])
+
+
+def test_compare_keys_a_second_sequence_that_differs_from_n(tmp_path, capsys):
+    # one test, one model, n 64: the target at 32 and at 16 are two entries; m equal to n is no second key
+    a = write(tmp_path / "a.json", row(name="Transformer", n=64, m=32), row(test_id="t.py::test_b", n=64, m=64))
+    b = write(tmp_path / "b.json", row(name="Transformer", n=64, m=16), row(test_id="t.py::test_b", n=64, m=None))
+    assert cli.main(["compare", a, b]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[lines.index("added (1):") + 3].split()[:5] == ["t.py::test_a", "Transformer", "64", "(m", "16)"]
+    assert lines[lines.index("removed (1):") + 3].split()[:5] == ["t.py::test_a", "Transformer", "64", "(m", "32)"]
+    assert lines[-1] == "0 changed, 1 added, 1 removed, 1 unchanged; no part grew beyond 0%"
