@@ -175,6 +175,8 @@ def second_length(target: nn.Module, built: Built, n: int, m: int | None, spec: 
         second = int(kwargs["decoder_input_ids"].shape[1])
     if not isinstance(second, int) and spec is not None and spec.cross_attention:
         second = next((keys for queries, keys, _ in parts.lengths if keys != n), n)  # what the memory was
+    if not isinstance(second, int):  # cross-attention outside the layers (a Perceiver's latents read the inputs)
+        second = next((keys for queries, keys, _ in parts.outside_lengths if queries == n and keys != n), None)
     found = second if isinstance(second, int) else None
     if m is not None and found != m:
         raise ProfileError(f"m={m} was asked for, but the inputs' second sequence is {found} tokens long; drop m= to "

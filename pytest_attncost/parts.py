@@ -68,8 +68,9 @@ class Split:
     ffn_router: int = 0  # part of ffn: the routers of mixture-of-experts layers
     other: int = 0
     attention_modules: list[str] = field(default_factory=list)
-    # (queries, keys, batch x heads) per attention call of the layers, in graph order
+    # (queries, keys, batch x heads) per attention call of the layers, in graph order; and outside them
     lengths: list[tuple[int, int, int]] = field(default_factory=list)
+    outside_lengths: list[tuple[int, int, int]] = field(default_factory=list)
     halved: bool = False  # causal self-attention was counted as a half triangle
     layer_ffn: dict[str, int] = field(default_factory=dict)  # layer -> its ffn MACs
     unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
@@ -120,10 +121,10 @@ def split(
             result.layer_ffn[layer] = result.layer_ffn.get(layer, 0) + macs
     result.attention_modules = list(dict.fromkeys(module for module, _ in groups))
     for module, group in groups:
-        if structure is None or module not in structure.outside:
-            lengths = _lengths([records[i] for i in group])
-            if lengths is not None:
-                result.lengths.append(lengths)
+        lengths = _lengths([records[i] for i in group])
+        if lengths is not None:
+            inside = structure is None or module not in structure.outside
+            (result.lengths if inside else result.outside_lengths).append(lengths)
     return result
 
 

@@ -49,7 +49,8 @@ class Profile:
         m: the second sequence's length, for models that read two: an encoder-decoder's target
             (``decoder_input_ids``, ``nn.Transformer``'s ``tgt``), a decoder stack's memory
             (``nn.TransformerDecoder``; the formulas' cross-attention keys), ``nn.MultiheadAttention``'s
-            keys; None for a model that reads one sequence. ``n`` is always the main (first) input's length.
+            keys, the inputs a Perceiver's latents read; None for a model that reads one sequence. ``n`` is the
+            main (first) input's length, or what the layers run on where that is no input (latents).
         unsupported_ops: op -> number of calls fvcore could not count.
         by_module: module name (``""`` is the root) -> MACs, fvcore's ``by_module``.
         backend: the counter that made the count, ``fvcore`` or ``torch`` (FlopCounterMode).

@@ -114,3 +114,13 @@ def test_the_marker_names_both_lengths_and_the_report_shows_them(pytester):
                                  "*test_translation*Transformer*64 (m 32)*"])
     rows = json.loads((pytester.path / "out.json").read_text())["profiles"]
     assert [(r["n"], r["m"]) for r in rows] == [(64, 32)]
+
+
+def test_a_perceiver_runs_its_layers_on_n_latents_and_reads_m_inputs():
+    perceiver_pytorch = pytest.importorskip("perceiver_pytorch", reason="the [zoo] extra's perceiver-pytorch")
+    model = perceiver_pytorch.PerceiverIO(depth=2, dim=32, queries_dim=48, logits_dim=10, num_latents=8, latent_dim=64,
+                                          cross_heads=1, latent_heads=4, cross_dim_head=16, latent_dim_head=16)
+    p = profile(model, inputs={"data": torch.zeros(1, 40, 32), "queries": torch.zeros(1, 12, 48)})
+    assert (p.n, p.m) == (8, 40)  # the latents, and the inputs their cross-attention reads
+    with pytest.raises(ProfileError, match=r"m=41 was asked for, but the inputs' second sequence is 40 tokens long"):
+        profile(model, m=41, inputs={"data": torch.zeros(1, 40, 32), "queries": torch.zeros(1, 12, 48)})
