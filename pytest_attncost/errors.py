@@ -31,6 +31,8 @@ def hidden(excinfo: Any) -> bool:
     if excinfo is None:
         return True
     value = excinfo.value
+    if any(cls.__module__ == "_pytest.outcomes" for cls in type(value).__mro__):
+        return False  # pytest.fail(..., pytrace=False) from the plugin: pytest prints the message alone
     if type(value).__module__.startswith(__package__ or "pytest_attncost"):
         return True
     tb = value.__traceback__

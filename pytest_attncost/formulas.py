@@ -258,7 +258,8 @@ def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None
     """MACs of QK^T and AV in one layer: ``2bn²hd`` (plus ``2bnmhd`` with cross-attention).
 
     With ``causal_half`` the self-attention counts the ``n(n+1)/2`` query-key pairs a causal
-    mask keeps (FlashAttention's convention): ``bhdn(n+1)``. Cross-attention is never halved.
+    mask keeps, diagonal included: ``bhdn(n+1)`` (FlashAttention's benchmarks, Megatron-LM and MaxText count
+    ``n²/2``, ``bhdn`` less). Cross-attention is never halved.
     """
     _check_length("n", n)
     _check_length("batch", batch)

@@ -8,6 +8,7 @@ model, so ``pytest --help`` and suites that never use the fixture do not pay for
 from __future__ import annotations
 
 import functools
+import unittest
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +121,8 @@ def _unexpanded(item: pytest.Item, bounds: Bounds) -> str | None:
         if any(LENGTH_ARG in _argnames(mark) for mark in item.iter_markers("parametrize")):
             return UNEXPANDED["parametrize"].format(lengths=list(bounds.lengths))
         return None
-    kind = "unittest" if getattr(item, "_testcase", None) is not None else "late"
+    cls = getattr(item, "cls", None)  # (pytest < 8.1 makes item._testcase only at setup)
+    kind = "unittest" if isinstance(cls, type) and issubclass(cls, unittest.TestCase) else "late"
     return UNEXPANDED[kind].format(lengths=list(bounds.lengths))
 
 

@@ -76,3 +76,17 @@ def test_every_module_of_the_package_hides_its_frames():
             continue
         module = importlib.import_module(name)
         assert module.__dict__.get("__tracebackhide__") is errors.hidden, name
+
+
+def test_a_marker_error_is_its_message_alone(pytester):
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.attncost(n=0)
+        def test_bad(attncost):
+            pass
+    """)
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*test_bad: @pytest.mark.attncost: n must be a positive int, got 0"])
+    assert "traceback entries are hidden" not in result.stdout.str()  # pytest.fail(pytrace=False) keeps our frames
