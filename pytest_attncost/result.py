@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from . import formulas
+from .conventions import Convention, conventions
 from .formulas import Costs, ModelSpec, relative_deviation
 from .ops import MATMUL_LIKE_UNSUPPORTED
 from .units import format_count, format_seconds, table
@@ -207,6 +208,20 @@ class Profile:
     def skipped_matmul_ops(self) -> dict[str, int]:
         """Unsupported ops that multiply matrices: their MACs are missing from the count."""
         return {op: c for op, c in self.unsupported_ops.items() if op in MATMUL_LIKE_UNSUPPORTED}
+
+    def conventions(self, vocab: int = 0, causal: bool = False) -> list[Convention]:
+        """This forward pass in the published FLOP conventions (PaLM, Megatron-LM, Kaplan, Chinchilla, Hugging
+        Face), each with the terms in which it differs from the exact count of the layers; see
+        :mod:`pytest_attncost.conventions`. *vocab*: the output head's vocabulary (0: no head); *causal*: the
+        self-attention is causal (the conventions that halve it do).
+
+        Raises:
+            ValueError: no spec (the conventions need the shape), or not a forward pass.
+        """
+        if self.spec is None or self.mode != "forward":
+            raise ValueError(f"{self.name}: the conventions need a forward profile with a spec (mode {self.mode!r}, "
+                             f"spec {'known' if self.spec else 'unknown'}); pass spec=ModelSpec(...) to profile()")
+        return conventions(self.spec, self.n, self.batch, vocab=vocab, causal=causal)
 
     def check_formula(self, rtol: float = 0.01) -> None:
         """Assert that each measured part is within *rtol* of the formula.

@@ -1,0 +1,106 @@
+"""Published FLOP conventions beside the exact count (issue 27, part 1): LLaMA-2-7B's shape at n = 4096."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_attncost import ModelSpec, profile
+from pytest_attncost.conventions import conventions
+
+LLAMA_2_7B = ModelSpec(hidden=4096, heads=32, head_dim=128, layers=32, ffn_dim=11008, gated=True)
+N, L, H, Q, D, F, V = 4096, 32, 32, 128, 4096, 11008, 32000
+# N_layers: the layers' matrix parameters a token meets: 4·D² (Q, K, V, O) + 3·D·F (gate, up, down), 32 layers
+MATRICES = L * (4 * D * D + 3 * D * F)  # 6,476,005,376
+CORE = L * 2 * H * Q * N * N  # QKᵀ and AV over n² pairs: 4,398,046,511,104
+HEAD = N * V * D  # 536,870,912,000
+PALM = N * (MATRICES + 2 * L * H * Q * N)  # 2N + 4·L·H·Q·T FLOP per token, halved to MAC, times T
+
+
+@pytest.fixture(scope="module")
+def by_name() -> dict:
+    return {c.name: c for c in conventions(LLAMA_2_7B, N, vocab=V, causal=True)}
+
+
+def test_the_arithmetic_by_hand():
+    assert MATRICES == 6_476_005_376 and PALM == 30_923_764_531_200 and HEAD == 536_870_912_000
+
+
+def test_palm_is_the_exact_count_of_the_layers(by_name):
+    palm = by_name["PaLM"]
+    assert palm.macs == palm.exact == PALM and palm.differs == ()
+
+
+def test_megatron_2024_adds_the_head(by_name):
+    megatron = by_name["Megatron-LM (2024)"]
+    assert megatron.macs == PALM + HEAD == 31_460_635_443_200
+    assert megatron.differs == (("the output head (n·V·D)", HEAD),)
+
+
+def test_the_n_squared_over_two_conventions_miss_the_diagonal_that_half_counts(by_name):
+    today = by_name["Megatron-LM (today), MaxText"]
+    assert today.macs == PALM - CORE // 2 + HEAD
+    # causal='half' counts n(n+1)/2 pairs: b·h·d·n(n+1) per layer; n²/2 is b·h·d·n² per layer; apart by L·h·d·n
+    half_core = L * H * Q * N * (N + 1)
+    assert half_core - CORE // 2 == L * H * Q * N == 536_870_912
+
+
+def test_kaplan_counts_the_n_squared_term_once(by_name):
+    assert by_name["Kaplan et al."].macs == N * (MATRICES + L * N * H * Q)  # 2N + 2·L·n_ctx·d_attn FLOP per token
+
+
+def test_hugging_face_has_no_n_squared_term(by_name):
+    hf = by_name["Hugging Face floating_point_ops"]
+    assert hf.macs == N * MATRICES  # 6·tokens·N FLOP for training: a third of it forward, halved to MAC
+    assert round(hf.relative, 3) == -0.142  # "no n² term": 14 % below the exact count at 4096 tokens
+    assert hf.differs == (("no n² term: the attention core missing", -CORE),)
+
+
+def test_chinchilla_names_each_of_its_terms(by_name):
+    chinchilla = by_name["Chinchilla"]
+    names = [term for term, _ in chinchilla.differs]
+    assert names == ["the embedding lookup as a matrix product (n·V·D)", "the output head (n·V·D)",
+                     "softmax counted (3 FLOP per score)", "the FFN as two matrices (gated: three)"]
+    assert dict(chinchilla.differs)["the FFN as two matrices (gated: three)"] == -L * N * D * F
+
+
+def test_every_conventions_terms_add_up_to_its_difference():
+    for spec in (LLAMA_2_7B, ModelSpec(hidden=768, heads=12, head_dim=64, layers=12, ffn_dim=3072),
+                 ModelSpec(hidden=64, heads=4, head_dim=16, layers=2, ffn_dim=96, kv_heads=2, gated=True)):
+        for causal in (False, True):
+            for c in conventions(spec, 512, batch=2, vocab=1000, causal=causal):
+                assert c.macs - c.exact == sum(macs for _, macs in c.differs), (spec, c.name)
+    bert = {c.name: c for c in conventions(ModelSpec(768, 12, 64, 12, 3072), 512)}
+    assert bert["Megatron-LM (today), MaxText"].macs == bert["PaLM"].macs  # bidirectional, no head: nothing moves
+
+
+def test_a_profile_set_beside_the_conventions_is_palm_to_the_mac():
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+
+    model = profile(lambda: LlamaModel(LlamaConfig()), N)  # LLaMA-2-7B's shape on the meta device
+    assert model.total == PALM and model.conventions()[0].macs == PALM
+    with_head = profile(lambda: LlamaForCausalLM(LlamaConfig()), N)
+    assert with_head.total == {c.name: c for c in with_head.conventions(vocab=V)}["Megatron-LM (2024)"].macs
+    half = profile(lambda: LlamaModel(LlamaConfig()), N, causal="half")
+    today = {c.name: c for c in model.conventions(causal=True)}["Megatron-LM (today), MaxText"]
+    assert half.total - today.macs == L * H * Q * N  # the diagonal
+
+
+def test_conventions_need_a_spec_and_a_forward_pass():
+    import torch
+    from torch import nn
+
+    unknown = profile(nn.Sequential(nn.Linear(8, 8)), 4, inputs=(torch.zeros(1, 4, 8),), roles={"ffn": ["0"]})
+    with pytest.raises(ValueError, match="the conventions need a forward profile with a spec"):
+        unknown.conventions()
+
+
+def test_the_docs_table_is_what_the_conventions_compute(by_name):
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "conventions.md").read_text(encoding="utf-8")
+    rows = {cells[0].replace("`", ""): cells[1] for line in page.splitlines() if line.startswith("| ")
+            for cells in [[cell.strip() for cell in line.strip("|").split("|")]] if cells[1][:1].isdigit()}
+    assert {name: int(macs.replace(",", "")) for name, macs in rows.items()} == {
+        name: c.macs for name, c in by_name.items()}
+    for name, c in by_name.items():
+        assert f"{c.relative:+.1%}".replace("-", "−") in page, name
