@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from . import baseline, formulas, reporting
+from . import baseline, conventions, formulas, reporting
 from .formulas import ModelSpec
 from .units import format_bytes
 from .units import table as text_table
@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="lengths: --n 512 1024, or --n 512 --n 1024 (default 128, 512 and both thresholds)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    published = parser.add_argument_group("published FLOP conventions")
+    published.add_argument("--conventions", action="store_true",
+                           help="also print each length in PaLM's, Megatron-LM's, Kaplan's, Chinchilla's and Hugging "
+                                "Face's conventions, with the terms each differs by from the exact count")
+    published.add_argument("--vocab", type=_non_negative, default=0,
+                           help="the output head's vocabulary, for the conventions that count it (default 0: none)")
+    published.add_argument("--causal", action="store_true", help="causal self-attention: the conventions that halve it do")
     decode = parser.add_argument_group("decode (generation against a KV cache)")
     decode.add_argument("--decode", action="store_true",
                         help="also print the decode table: per new token, the core against a KV cache of n tokens, "
@@ -636,6 +643,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.prompt is not None:
         extra["generation"], text = render_generation(spec, args.prompt, args.new_tokens, args.batch)
         texts.append(text)
+    if args.conventions:
+        counted = {n: conventions.conventions(spec, n, args.batch, vocab=args.vocab, causal=args.causal) for n in lengths}
+        extra["conventions"] = {str(n): [{"name": c.name, "macs": c.macs, "exact": c.exact, "differs": c.differs}
+                                         for c in rows] for n, rows in counted.items()}
+        body = [[f"{n:,}", c.name, f"{c.macs:,}", f"{c.relative:+.1%}", "; ".join(term for term, _ in c.differs)]
+                for n, rows in counted.items() for c in rows]
+        texts.append("\n".join(["published conventions (forward MACs; vs the exact count of the layers):",
+                                 *text_table(["n", "convention", "MAC", "vs exact", "differs by"], body, right=[0, 2, 3])]))
     if args.json:
         text = json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True)
     else:

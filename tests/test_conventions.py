@@ -104,3 +104,18 @@ def test_the_docs_table_is_what_the_conventions_compute(by_name):
         name: c.macs for name, c in by_name.items()}
     for name, c in by_name.items():
         assert f"{c.relative:+.1%}".replace("-", "−") in page, name
+
+
+def test_the_command_line_prints_the_conventions(capsys):
+    import json
+
+    from pytest_attncost import cli
+
+    assert cli.main(["--preset", "llama-2-7b", "--n", "4096", "--conventions", "--vocab", "32000", "--causal"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("published conventions (forward MACs; vs the exact count of the layers):")
+    assert lines[start + 3].split()[:4] == ["4,096", "PaLM", "30,923,764,531,200", "+0.0%"]
+    assert lines[start + 4].split()[:6] == ["4,096", "Megatron-LM", "(2024)", "31,460,635,443,200", "+1.7%", "the"]
+    assert cli.main(["--preset", "llama-2-7b", "--n", "4096", "--conventions", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["conventions"]["4096"]
+    assert [(row["name"], row["macs"]) for row in data][:2] == [("PaLM", PALM), ("Megatron-LM (2024)", PALM)]
