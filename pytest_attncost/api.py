@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import families, pipeline, timing
+from . import families, one_run, pipeline, timing
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
 from .counting import Options, masks, unwrap
 from .errors import ProfileError, TimingError
@@ -36,7 +36,7 @@ def _positive(name: str, value: object, hint: str = "") -> int:
     return value
 
 
-_OLD_TORCH = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 9)
+_OLD_TORCH = one_run.TORCH_VERSION < (2, 9)
 
 
 def _resolve_model(model: object) -> nn.Module:

@@ -30,11 +30,13 @@ from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["POSSIBLE", "Diverged", "OpMemo", "at", "enabled", "length_of", "spread", "swept"]
+__all__ = ["POSSIBLE", "TORCH_VERSION", "Diverged", "OpMemo", "at", "enabled", "length_of", "spread", "swept"]
 
+#: (major, minor) of the installed torch: the one reading of its version that version checks compare with.
+TORCH_VERSION = tuple(int(part) for part in torch.__version__.split(".")[:2])
 #: torch before 2.9 runs meta kernels in Python that branch on a length (``meta_zeros``): a symbolic length
 #: diverges there at once, so a sweep counts each length alone.
-POSSIBLE = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 9)
+POSSIBLE = TORCH_VERSION >= (2, 9)
 
 
 class Diverged(BaseException):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import tiny_models as tm
-from pytest_attncost import ProfileError, profile
+from pytest_attncost import ProfileError, one_run, profile
 from test_counting import HF_TEXT, _hf, _unsupported, expected
 
 D, H, DH, F, L = tm.HIDDEN, tm.HEADS, tm.HEAD_DIM, tm.FFN, tm.LAYERS
@@ -25,7 +25,7 @@ def test_backends_agree_on_transformers(name, impl):
     model, shape = _hf(name, impl)
     # DistilBERT (transformers 4) fills its scores with a CPU scalar tensor, which torch < 2.9's meta masked_fill
     # refuses: fvcore fails and the torch backend counts instead, the reason kept on the profile
-    refused = name == "distilbert" and impl == "eager" and tuple(map(int, torch.__version__.split(".")[:2])) < (2, 9)
+    refused = name == "distilbert" and impl == "eager" and one_run.TORCH_VERSION < (2, 9)
     for n in (128, 2048):
         fv, th = profile(model, n), profile(model, n, backend="torch")
         assert (fv.backend, th.backend) == ("torch" if refused else "fvcore", "torch")

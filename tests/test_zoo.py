@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pytest
-import torch
 import transformers
 
 from pytest_attncost import clear_cache, profile
+from pytest_attncost import one_run
 from pytest_attncost.api import sweep
 from pytest_attncost.counting import full_trace
 
@@ -43,8 +43,7 @@ TRANSFORMERS = transformers.__version__
 ROUTED_BY_VALUE = {"mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3"}
 #: Families whose transformers 4 code draws LayerDrop's random number in training even at layerdrop 0.
 LAYERDROP_DRAWN = {"opt", "bart"}
-#: torch before 2.9 runs its meta kernels in Python where a symbolic length takes a branch: no one-run sweep.
-ONE_RUN = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 9)
+ONE_RUN = one_run.POSSIBLE  # torch before 2.9 runs meta kernels in Python: no one-run sweep
 
 
 def unsupported(family: "Case", kwargs: dict[str, Any], train: bool = False) -> str | None:
