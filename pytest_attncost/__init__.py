@@ -8,6 +8,7 @@ model you are waiting for" (PaperWeekly / kexue.fm, 2021) does: attention core
 
 from __future__ import annotations
 
+from .conventions import Formula
 from .formulas import (
     Costs,
     ModelSpec,
@@ -21,6 +22,7 @@ from .formulas import (
     ffn,
     Generation,
     generation_cost,
+    kept_pairs,
     kv_cache_bytes,
     layer_costs,
     linear_attention_saving,
@@ -36,6 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Costs",
+    "Formula",
     "ModelSpec",
     "Profile",
     "ProfileError",
@@ -55,6 +58,7 @@ __all__ = [
     "format_count",
     "Generation",
     "generation_cost",
+    "kept_pairs",
     "kv_cache_bytes",
     "layer_costs",
     "linear_attention_saving",

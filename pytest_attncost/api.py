@@ -123,9 +123,9 @@ def profile(
             ``"decode"``: one step of ``new_tokens`` query tokens against a KV cache holding ``n``
             tokens (a transformers decoder's own cache on the meta device; custom models take
             ``inputs=`` that build their cache for n). The profile's ``n`` is the cache's length.
-        causal: ``"full"`` counts the n x n product a dense kernel executes; ``"half"`` counts
-            the n(n+1)/2 pairs of causal self-attention (never cross-attention or
-            bidirectional models).
+        causal: ``"full"``: the n x n product a dense kernel executes; ``"half"``: the n(n+1)/2 pairs of causal
+            self-attention (never cross-attention or bidirectional); ``"kept"``: the pairs each layer's mask
+            keeps, fewer where a sliding window or chunks confine it (Mistral, Gemma-2, Qwen2, Llama-4).
         fallback: when fvcore cannot trace the model, count with the torch backend (on fake
             tensors, else on real ones at small n) and say so in ``Profile.fallback``.
         new_tokens: decode mode: the query tokens of the step (default 1).

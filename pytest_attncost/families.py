@@ -17,6 +17,7 @@ A new family is one small change here.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import inspect
@@ -42,6 +43,7 @@ __all__ = [
     "default_inputs",
     "experts_of",
     "local_attention",
+    "local_layers",
     "patchify_conv",
     "prepare_twin",
     "sliding_spec",
@@ -540,22 +542,43 @@ def sliding_spec(model: nn.Module) -> tuple[int | None, int]:
     return int(windows[0] or 0), len(sliding)
 
 
+def _local_per_layer(config: Any) -> list[tuple[str, int] | None]:
+    """Each layer's local attention from the config, as the library builds its masks: ``("window", W)`` (a
+    sliding window, GPT-Neo's local layers), ``("chunk", c)`` (Llama-4's chunks) or None (full causal)."""
+    types, window = getattr(config, "layer_types", None), getattr(config, "sliding_window", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    if not isinstance(types, list):
+        kinds, size = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+        if isinstance(kinds, list) and isinstance(size, int):  # GPT-Neo
+            return [("window", size) if kind == "local" else None for kind in kinds]
+        layers = getattr(config, "num_hidden_layers", None)
+        # no layer types: a window applies to every layer (Mistral), as transformers' own caches read it
+        return [("window", window)] * layers if isinstance(window, int) and isinstance(layers, int) else []
+    sizes = {"sliding_attention": ("window", window), "chunked_attention": ("chunk", chunk)}
+    per_layer: list[tuple[str, int] | None] = []
+    for kind, size in (sizes.get(t, ("", None)) for t in types):
+        per_layer.append((kind, size) if isinstance(size, int) else None)
+    return per_layer
+
+
+def local_layers(model: nn.Module) -> dict[str, tuple[str, int]]:
+    """Module name -> ``(kind, tokens)`` for the modules of the layers that attend locally (those that carry their
+    layer's index, ``layer_idx`` or GPT-Neo's ``layer_id``): what ``causal="kept"`` counts them with."""
+    per_layer = _local_per_layer(getattr(model, "config", None))
+    found = {}
+    for name, module in model.named_modules():
+        index = getattr(module, "layer_idx", getattr(module, "layer_id", None))
+        local = per_layer[index] if isinstance(index, int) and 0 <= index < len(per_layer) else None
+        if local is not None and not isinstance(index, bool):
+            found[name] = local
+    return found
+
+
 def local_attention(model: nn.Module) -> list[tuple[str, int, int]]:
     """(kind, tokens, layers) of the layers that attend locally: ``"window"`` (sliding-window layers, GPT-Neo's
     local ones) and ``"chunk"`` (Llama-4's chunked attention). Empty where the config says of none."""
-    config = getattr(model, "config", None)
-    found = []
-    window, sliding = sliding_spec(model)
-    kinds, size = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
-    if window is None and isinstance(size, int) and isinstance(kinds, list):
-        window, sliding = size, kinds.count("local")  # GPT-Neo's local layers
-    if window is not None and sliding:
-        found.append(("window", window, sliding))
-    chunk, types = getattr(config, "attention_chunk_size", None), getattr(config, "layer_types", None)
-    chunked = types.count("chunked_attention") if isinstance(types, list) else 0
-    if isinstance(chunk, int) and chunked:
-        found.append(("chunk", chunk, chunked))
-    return found
+    layers = collections.Counter(local for local in _local_per_layer(getattr(model, "config", None)) if local)
+    return [(kind, tokens, count) for (kind, tokens), count in layers.items()]
 
 
 def windowed_spec(spec: ModelSpec, model: nn.Module) -> ModelSpec:

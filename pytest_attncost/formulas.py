@@ -46,6 +46,7 @@ __all__ = [
     "decode_quadratic_n",
     "ffn",
     "generation_cost",
+    "kept_pairs",
     "kv_cache_bytes",
     "layer_costs",
     "linear_attention_core",
@@ -254,17 +255,32 @@ def _check_length(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal_half: bool = False) -> int:
+def kept_pairs(n: int, window: int | None = None, chunk: int | None = None) -> int:
+    """The query-key pairs a causal mask keeps among ``n`` tokens: ``n(n+1)/2``; within a sliding window of ``W``
+    tokens (query i sees keys ``i-W < j <= i``: Mistral, Gemma-2's local layers, GPT-Neo's) ``Σ min(i+1, W)``;
+    within chunks of ``c`` tokens (Llama-4) each chunk's own triangle."""
+    if chunk is not None:
+        whole, rest = divmod(n, chunk)
+        return whole * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
+    if window is None or n <= window:
+        return n * (n + 1) // 2
+    # the first W queries see 1..W keys, every later one W
+    return window * (window + 1) // 2 + (n - window) * window
+
+
+def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal: str = "full",
+                   window: int | None = None) -> int:
     """MACs of QK^T and AV in one layer: ``2bn²hd`` (plus ``2bnmhd`` with cross-attention).
 
-    With ``causal_half`` the self-attention counts the ``n(n+1)/2`` query-key pairs a causal
-    mask keeps, diagonal included: ``bhdn(n+1)`` (FlashAttention's benchmarks, Megatron-LM and MaxText count
-    ``n²/2``, ``bhdn`` less). Cross-attention is never halved.
+    ``causal="half"`` counts the self-attention's ``n(n+1)/2`` query-key pairs a causal mask keeps, diagonal
+    included: ``bhdn(n+1)`` (FlashAttention's benchmarks, Megatron-LM and MaxText count ``n²/2``, ``bhdn``
+    less); ``causal="kept"`` counts the pairs the layer's mask keeps (:func:`kept_pairs`, with its sliding
+    *window*). Cross-attention is never halved.
     """
     _check_length("n", n)
     _check_length("batch", batch)
     # scores: [b, h, n, d] @ [b, h, d, n]; output: [b, h, n, n] @ [b, h, n, d]
-    pairs = n * (n + 1) // 2 if causal_half else n * n
+    pairs = n * n if causal == "full" else kept_pairs(n, window if causal == "kept" else None)
     core = 2 * batch * spec.heads * pairs * spec.head_dim
     if spec.cross_attention:
         m = n if m is None else m
@@ -301,25 +317,30 @@ def ffn(spec: ModelSpec, n: int, batch: int = 1) -> int:
     return batch * n * spec.ffn_per_token
 
 
-def layer_costs(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal_half: bool = False) -> Costs:
-    """One layer's attention_core, attention_proj and ffn."""
-    return Costs(attention_core(spec, n, batch, m, causal_half=causal_half), attention_proj(spec, n, batch, m),
+def layer_costs(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal: str = "full") -> Costs:
+    """One layer's attention_core, attention_proj and ffn (a layer without a sliding window)."""
+    return Costs(attention_core(spec, n, batch, m, causal=causal), attention_proj(spec, n, batch, m),
                  ffn(spec, n, batch))
 
 
 def model_costs(
-    spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal_half: bool = False, train: bool = False
+    spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal: str = "full", train: bool = False
 ) -> Costs:
-    """The whole model: ``spec.layers`` identical layers.
+    """The whole model: ``spec.layers`` identical layers (under ``causal="kept"``, ``spec.window_layers`` of them
+    keep a sliding window of pairs).
 
     ``train`` counts forward and backward with the standard accounting: each matrix product's
     backward costs twice its forward (the gradients of both operands), so 3x in all.
     """
     passes = 3 if train else 1
-    layer = layer_costs(spec, n, batch, m, causal_half=causal_half)
+    layer = layer_costs(spec, n, batch, m, causal=causal)
     _check_length("n", n)
+    windowed = spec.window_layers if causal == "kept" else 0
+    core = layer.attention_core * (spec.layers - windowed)
+    if windowed:
+        core += windowed * attention_core(spec, n, batch, m, causal=causal, window=spec.sliding_window)
     # dense and mixture-of-experts layers may mix (DeepSeek's first dense layers, Qwen-MoE's mlp_only_layers)
-    return Costs(layer.attention_core * spec.layers * passes, layer.attention_proj * spec.layers * passes,
+    return Costs(core * passes, layer.attention_proj * spec.layers * passes,
                  batch * n * spec.model_ffn_per_token * passes)
 
 
@@ -570,19 +591,19 @@ class Generation:
 
 
 def generation_cost(spec: ModelSpec, prompt: int, new_tokens: int, batch: int = 1, *,
-                     causal_half: bool = False) -> Generation:
+                     causal: str = "full") -> Generation:
     """Prefill of ``prompt`` tokens plus ``new_tokens - 1`` one-token decode steps, in closed form.
 
     Exactly ``model_costs(spec, prompt) + sum(decode_costs(spec, n) for n in range(prompt, prompt +
     new_tokens - 1))``: the core of step n is ``2bhd·(n + 1)`` per layer (``2bhd·min(n + 1, W)`` in a
     windowed layer), an arithmetic series; projections and FFN are the same every step.
-    ``causal_half`` applies to the prefill only (a decode step's core is not a triangle).
+    ``causal`` applies to the prefill only (a decode step's core is not a triangle).
     """
     _no_cross(spec)
     _check_length("prompt", prompt)
     _check_length("new_tokens", new_tokens)
     _check_length("batch", batch)
-    prefill = model_costs(spec, prompt, batch, causal_half=causal_half)
+    prefill = model_costs(spec, prompt, batch, causal=causal)
     steps = new_tokens - 1
     if steps == 0:
         return Generation(prompt, new_tokens, batch, prefill, Costs(0, 0, 0))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from .conventions import Formula
 from .formulas import relative_deviation
 from .result import MODES, Profile, Timing
 from .series import Sweep, SweepError
@@ -36,7 +37,8 @@ MARKER_HELP = (
     "mode ('forward', 'train' or 'decode': the fixture's default), new_tokens (a decode step's queries), "
     "kv_cache_max (bytes of a decode step's KV cache: an int or '2 GiB', '512 MB'), "
     "attention_time_share_max/min and quadratic_time_share_max/min (shares of the time attncost.measure() "
-    "measured, broken only beyond the spread of at least 5 repeats)."
+    "measured, broken only beyond the spread of at least 5 repeats), "
+    "audit (a function n -> FLOPs, or pytest_attncost.Formula: fails with the terms it differs from the count by)."
 )
 
 NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
@@ -74,6 +76,7 @@ class Bounds:
     attention_time_share_min: float | None = None
     quadratic_time_share_max: float | None = None
     quadratic_time_share_min: float | None = None
+    audit: Formula | None = None  # a user's FLOPs formula, which must agree with the count
 
     @property
     def has_bounds(self) -> bool:
@@ -187,6 +190,15 @@ def _flag(name: str, value: object) -> bool:
     return value
 
 
+def _formula(name: str, value: object) -> Formula:
+    if isinstance(value, Formula):
+        return value
+    if not callable(value):
+        raise MarkerError(f"{name} takes a function n -> FLOPs of one sequence, or pytest_attncost.Formula(function, "
+                          f"per='token', unit='MAC', vocab=..., tolerance=...), got {value!r}")
+    return Formula(value)
+
+
 def _mode(name: str, value: object) -> str:
     if value not in MODES:
         raise MarkerError(f"{name} must be one of {', '.join(map(repr, MODES))}, got {value!r}")
@@ -198,7 +210,7 @@ _PARSERS: Mapping[str, Callable[[str, object], Any]] = {
     "batch": _length, "m": _length, **dict.fromkeys(_SHARES, _share), **dict.fromkeys(_COUNTS, _read(parse_count)), "formula_rtol": _rtol,
     "max_increase": _increase, "crossover_min": _tokens, "crossover_max": _tokens, "crosscheck": _flag,
     "crossover_rtol": _rtol, "mode": _mode, "new_tokens": _length, "kv_cache_max": _read(parse_bytes),
-    **dict.fromkeys(TIME_BOUNDS, parse_time_bound),
+    **dict.fromkeys(TIME_BOUNDS, parse_time_bound), "audit": _formula,
 }
 
 
@@ -276,8 +288,9 @@ def _formula_share(profile: Profile, part: str) -> str:
 def check_bounds(bounds: Bounds, profile: Profile, unit: str = "mac") -> list[str]:
     """Every bound *profile* breaks, as one readable line each."""
     where = f"at n={profile.n}" + (f", batch={profile.batch}" if profile.batch != 1 else "")
+    audited = profile.audit(bounds.audit) if bounds.audit is not None and profile.mode == "forward" else None
     return [*_share_problems(bounds, profile, where), *_count_problems(bounds, profile, unit, where),
-            *_shape_problems(bounds, profile, where)]
+            *_shape_problems(bounds, profile, where), *([str(audited)] if audited and not audited.ok else [])]
 
 
 def _share_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
@@ -353,7 +366,10 @@ NO_SWEEP = "crossover bounds need a sweep: call attncost.sweep(model, [n1, n2, .
 
 
 def check_sweep(bounds: Bounds, sweep: Sweep) -> list[str]:
-    """Every crossover bound *sweep* breaks."""
+    """Every crossover bound *sweep* breaks, and the formula it audits where it disagrees over the lengths."""
+    audited = sweep.audit(bounds.audit) if bounds.audit is not None and len(sweep) > 1 else None
+    if audited is not None and not audited.ok:
+        return [f"sweep of {sweep.name}: {audited}", *check_sweep(dataclasses.replace(bounds, audit=None), sweep)]
     if not bounds.has_sweep_bounds:
         return []
     name = sweep.name

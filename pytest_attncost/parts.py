@@ -3,7 +3,7 @@
 :mod:`pytest_attncost.roles` finds the structure (layers, attention calls, projections, FFNs) from the data
 flow; here the records are summed by part: by that structure, or by the user's ``roles=`` (module-name
 globs, ``re:`` expressions or ``class:`` names), with ``causal="half"`` keeping a causal core's n(n+1)/2
-query-key pairs, the lengths each attention call saw, a mixture's router, and attention outside the
+query-key pairs (``causal="kept"``: the pairs its layer's window or chunks keep), the lengths each attention call saw, a mixture's router, and attention outside the
 layers kept apart. The structure's own warnings over the split are here too.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ProfileError
-from .formulas import ModelSpec
+from .formulas import ModelSpec, kept_pairs
 from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product, parent, within
 from .roles import ROLE_NAMES, Flow, Structure, product_part, role_of
 from .errors import hidden
@@ -29,7 +29,7 @@ __all__ = ["PARTS", "Split", "explicit_roles", "outside_note", "split", "structu
 PARTS = ("attention_core", "attention_proj", "ffn", "other")
 
 
-UNKNOWN_MASK_WARNING = ("{module}: causal='half' asked for, but the mask of {macs:,} core MAC has a form the plugin "
+UNKNOWN_MASK_WARNING = ("{module}: causal='{causal}' asked for, but the mask of {macs:,} core MAC has a form the plugin "
                         "cannot tell; counted in full")
 
 
@@ -71,7 +71,8 @@ class Split:
     # (queries, keys, batch x heads) per attention call of the layers, in graph order; and outside them
     lengths: list[tuple[int, int, int]] = field(default_factory=list)
     outside_lengths: list[tuple[int, int, int]] = field(default_factory=list)
-    halved: bool = False  # causal self-attention was counted as a half triangle
+    halved: bool = False  # causal self-attention was counted with fewer pairs than the kernel runs
+    causal: str = "full"  # the accounting asked for
     layer_ffn: dict[str, int] = field(default_factory=dict)  # layer -> its ffn MACs
     unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
     unknown_masks: dict[str, int] = field(default_factory=dict)  # module -> core MACs under a mask of unknown form
@@ -84,19 +85,21 @@ def split(
     causal_modules: frozenset[str] | None = None,
     structure: Structure | None = None,
     bidirectional: frozenset[str] = frozenset(),
+    local: Mapping[str, tuple[str, int]] | None = None,
 ) -> Split:
     """Sum the records by part: the *structure*'s (data flow), or by the user's *roles* (module -> role).
 
     With *causal_modules* (``causal="half"``), the cores of causal self-attention count the half triangle:
     those of these modules, and those whose record says they ran under a causal mask. Cores of
     *bidirectional* modules (``is_causal=False``: an encoder's padding mask or position bias) stay in full
-    without a word.
+    without a word. With *local* as well (``causal="kept"``: module -> ``("window", W)`` or ``("chunk", c)``),
+    the cores in those modules count the pairs their window or chunks keep.
     """
     if structure is not None:
         parts, groups = list(structure.parts), list(structure.groups)
     else:
         parts, groups = _explicit_parts(records, roles)
-    result = Split()
+    result = Split(causal="full" if causal_modules is None else "half" if local is None else "kept")
     experts = structure.experts if structure is not None else {}
     routers = {r.scope for i, r in enumerate(records) if experts and parts[i] == "ffn" and _router(r, experts)}
     layer_at: dict[str, str | None] = {}  # per scope: records share scopes, layers are per module
@@ -106,7 +109,7 @@ def split(
             result.unplaced[record.scope] = result.unplaced.get(record.scope, 0) + macs
             part = "other"
         if part == "attention_core" and causal_modules is not None:
-            macs = _counted_core(record, causal_modules, bidirectional, result)
+            macs = _counted_core(record, causal_modules, bidirectional, local or {}, result)
         setattr(result, part, getattr(result, part) + macs)
         if part == "ffn" and record.scope in routers:
             result.ffn_router += macs
@@ -144,20 +147,21 @@ def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
 
 
 def _counted_core(record: OpRecord, causal_modules: frozenset[str], bidirectional: frozenset[str],
-                  result: Split) -> int:
-    """A core's MACs under ``causal="half"``: the half triangle where it is causal self-attention."""
-    mask = record.mask
-    if mask == "causal" or any(name in causal_modules for name in ancestors(record.scope)):
-        halved = _half(record)
-        result.halved |= halved != record.macs
-        return halved
-    if mask == "unknown" and not any(name in bidirectional for name in ancestors(record.scope)):
+                  local: Mapping[str, tuple[str, int]], result: Split) -> int:
+    """A core's MACs under ``causal="half"`` or ``"kept"``: the pairs kept where it is causal self-attention."""
+    mask, scopes = record.mask, ancestors(record.scope)
+    if mask == "causal" or any(name in causal_modules for name in scopes):
+        kept = _kept(record, next((local[name] for name in scopes if name in local), None))
+        result.halved |= kept != record.macs
+        return kept
+    if mask == "unknown" and not any(name in bidirectional for name in scopes):
         result.unknown_masks[record.scope] = result.unknown_masks.get(record.scope, 0) + record.macs
     return record.macs
 
 
-def _half(record: OpRecord) -> int:
-    """The MACs of the n(n+1)/2 query-key pairs a causal mask keeps, for a self-attention core op."""
+def _kept(record: OpRecord, local: tuple[str, int] | None) -> int:
+    """The MACs of the query-key pairs a causal mask keeps (within *local*'s window or chunks), for a
+    self-attention core op."""
     if len(record.shapes) < 2 or any(len(s) < 2 for s in record.shapes[:2]):
         return record.macs
     first, second = record.shapes[0], record.shapes[1]
@@ -168,8 +172,9 @@ def _half(record: OpRecord) -> int:
         self_attention = second[-1] == n or first[-1] == n
     if not self_attention or record.macs % (n * n):
         return record.macs
-    # every product over the n x n pairs is MACs = B * n * n * k; keep B * k * n(n+1)/2
-    return record.macs // n * (n + 1) // 2
+    kind, tokens = local or ("window", None)
+    # every product over the n x n pairs is MACs = B * n * n * k; keep B * k * pairs
+    return record.macs // (n * n) * kept_pairs(n, tokens if kind == "window" else None, tokens if kind == "chunk" else None)
 
 
 def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
@@ -210,7 +215,7 @@ def structure_warnings(parts: Split, structure: Structure | None, records: Seque
                        name: str) -> list[str]:
     """What makes a split doubtful, each naming the module, the MACs and the cause."""
     found = [UNPLACED_WARNING.format(module=module, macs=macs) for module, macs in parts.unplaced.items()]
-    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs) for module, macs in parts.unknown_masks.items()]
+    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs, causal=parts.causal) for module, macs in parts.unknown_masks.items()]
     if structure is not None:
         found += structure.warnings
         without = [layer for layer in structure.layers if not parts.layer_ffn.get(layer)]

@@ -32,7 +32,7 @@ from .counting import Counted, Options
 from .errors import ProfileError, named
 from .formulas import ModelSpec
 from .ops import RawCount, ancestors
-from .result import CAUSAL, COMPONENTS, Profile, versions
+from .result import COMPONENTS, Profile, versions
 from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
@@ -64,12 +64,12 @@ FORMULA_WARNING = ("{part} is {measured:,} MAC but the formula gives {expected:,
 SPEC_NOTE = "no formula: {why}"
 FOLDED_NOTE = ("the attention ran {sequences} sequences of {n} tokens for a batch of {batch} (frames or windows folded "
                "into its batch), which the formulas, one sequence per input, do not describe; pass spec= to compare")
-DECODE_HALF_NOTE = ("causal='half' does not apply to a decode step: its queries attend to every cached key, and the "
+DECODE_HALF_NOTE = ("causal='{causal}' does not apply to a decode step: its queries attend to every cached key, and the "
                     "core is counted as the kernel runs it")
 CHUNK_HALF_WARNING = ("causal='half': {layers} layer(s) attend within chunks of {chunk} tokens, which keep fewer "
-                      "query-key pairs than the n(n+1)/2 counted (chunk-aware accounting is not done)")
+                      "query-key pairs than the n(n+1)/2 counted; causal='kept' counts the pairs they keep")
 WINDOW_HALF_WARNING = ("causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
-                       "fewer query-key pairs than the n(n+1)/2 counted (window-aware accounting is not done)")
+                       "fewer query-key pairs than the n(n+1)/2 counted; causal='kept' counts the pairs it keeps")
 HYBRID_NOTE = ("{bare} layer(s) run no attention beside {layers} that do (a hybrid of attention and state-space or "
                "recurrent layers), and the cost model puts attention in every layer; pass spec= for the attention layers")
 REAL_NOTE = ("counted on real tensors (the torch backend's last resort): the inputs' values chose the "
@@ -106,6 +106,7 @@ class Setup:
     declared: dict[str, bool]
     causal_modules: frozenset[str] | None
     bidirectional: frozenset[str]
+    local: dict[str, tuple[str, int]] | None  # causal="kept": module -> its layer's window or chunks
     containers: list[str]
     experts: Any
     rows: dict[Any, dict[str, tuple[str, int, str]]] = dataclasses.field(default_factory=dict)
@@ -122,22 +123,35 @@ class Setup:
         twin = counting.meta_twin(target)  # a scripted module, an uncopyable model: no counter can help
         notes = families.prepare_twin(twin)
         # triangular mask buffers of the original (the twin's are empty): causal accounting reads them
-        masks = counting.buffer_masks(target) if options.causal == "half" else None
+        causal = options.causal != "full"
+        masks = counting.buffer_masks(target) if causal else None
+        local = families.local_layers(twin) if options.causal == "kept" else None
+        if local and spec is not None:
+            spec, spec_note = _kept_spec(spec, families.local_attention(twin))
         if spec is None and spec_note:
             notes.append(SPEC_NOTE.format(why=spec_note))
         # what modules say of themselves: is_causal True (decoders) or False (encoders, cross-attention)
         declared = {name: module.is_causal for name, module in twin.named_modules()
                     if isinstance(getattr(module, "is_causal", None), bool)}
-        half = options.causal == "half"
         return cls(
             target=target, model_name=model_name, spec=spec, options=options, twin=twin, notes=notes, masks=masks,
-            declared=declared,
-            causal_modules=frozenset(name for name, causal in declared.items() if causal) if half else None,
-            bidirectional=frozenset(name for name, causal in declared.items() if not causal) if half else frozenset(),
+            declared=declared, local=local,
+            causal_modules=frozenset(name for name, said in declared.items() if said) if causal else None,
+            bidirectional=frozenset(name for name, said in declared.items() if not said) if causal else frozenset(),
             containers=[name for name, module in twin.named_modules()
                         if isinstance(module, (nn.ModuleList, nn.Sequential))],
             experts=families.experts_of(twin),
         )
+
+
+def _kept_spec(spec: ModelSpec, local: list[tuple[str, int, int]]) -> tuple[ModelSpec | None, str | None]:
+    """The spec whose formulas keep the pairs the layers' windows keep (``causal="kept"``), or why there is none."""
+    if len(local) != 1 or local[0][0] != "window":
+        return None, "the formulas describe one sliding window, not chunked attention or several windows"
+    _, window, layers = local[0]
+    if spec.sliding_window is not None:
+        return spec, None
+    return dataclasses.replace(spec, sliding_window=window, sliding_layers=None if layers == spec.layers else layers), None
 
 
 def run(target: nn.Module, model_name: str, spec: ModelSpec | None, spec_note: str | None, spec_read: bool,
@@ -204,9 +218,9 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
         # a hybrid stack: the formulas put attention in every one of the config's layers
         notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))
         spec = None
-    parts = parts_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional)
-    if setup.options.causal == "half" and decoding:
-        notes.append(DECODE_HALF_NOTE)
+    parts = parts_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional, setup.local)
+    if setup.options.causal != "full" and decoding:
+        notes.append(DECODE_HALF_NOTE.format(causal=setup.options.causal))
     outside = parts_mod.outside_note(parts, structure)
     if outside is not None:
         notes.append(outside)
@@ -251,7 +265,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         warnings.append(counted.unchecked)
     if result.kv_cache_bytes == 0:
         warnings.append(CACHE_BYTES_WARNING.format(n=n))
-    if parts.halved and not decoding:  # local attention keeps fewer pairs than n(n+1)/2
+    if parts.halved and not decoding and not setup.local:  # local attention keeps fewer pairs than n(n+1)/2
         for kind, tokens, count in families.local_attention(target):
             if n > tokens:
                 template = WINDOW_HALF_WARNING if kind == "window" else CHUNK_HALF_WARNING
@@ -315,7 +329,7 @@ def _one_run_takes(kwargs: Mapping[str, Any], lengths: list[int]) -> bool:
     if given is not None and (not callable(given) or isinstance(given, (nn.Module, torch.Tensor))):
         return False  # fixed inputs hold one length
     if (kwargs.get("backend") != "torch" or kwargs.get("mode", "forward") != "forward" or not set(kwargs) <= allowed
-            or kwargs.get("causal", "full") not in CAUSAL or not isinstance(kwargs.get("name"), str)
+            or kwargs.get("causal", "full") not in ("full", "half") or not isinstance(kwargs.get("name"), str)
             or not isinstance(kwargs.get("roles") or {}, Mapping)
             or not isinstance(kwargs.get("spec"), (ModelSpec, type(None)))):
         return False

@@ -185,7 +185,7 @@ def _model_cell(row: Row) -> str:
     elif p.mode != "forward":
         notes.append(p.mode)
     if p.causal_applied:
-        notes.append("causal half")
+        notes.append(f"causal {p.causal}")
     if p.warnings:
         notes.append(f"{len(p.warnings)} warning{'s' if len(p.warnings) > 1 else ''}")
     return f"{p.name} ({', '.join(notes)})" if notes else p.name

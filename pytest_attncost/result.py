@@ -14,7 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from . import formulas
-from .conventions import Convention, conventions
+from .conventions import Audit, Convention, Formula, audit, conventions
 from .formulas import Costs, ModelSpec, relative_deviation
 from .ops import MATMUL_LIKE_UNSUPPORTED
 from .units import format_count, format_seconds, table
@@ -30,7 +30,7 @@ PARTS = (*COMPONENTS, "other")
 #: What profile() takes: the counters, what is counted, how causal attention is counted.
 BACKENDS = ("fvcore", "torch")
 MODES = ("forward", "train", "decode")
-CAUSAL = ("full", "half")
+CAUSAL = ("full", "half", "kept")
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,9 @@ class Profile:
         backend: the counter that made the count, ``fvcore`` or ``torch`` (FlopCounterMode).
         mode: ``forward``, ``train`` (forward and backward), or ``decode`` (``new_tokens`` queries
             against a KV cache of ``n`` tokens).
-        causal: ``full`` (the n x n product a dense kernel executes) or ``half`` (n(n+1)/2 pairs).
-        causal_applied: some causal self-attention was counted as a half triangle.
+        causal: ``full`` (the n x n product a dense kernel executes), ``half`` (n(n+1)/2 pairs of causal
+            self-attention) or ``kept`` (the pairs each layer's mask keeps: causal, sliding windows, chunks).
+        causal_applied: some causal self-attention was counted with fewer pairs than the kernel runs.
         fallback: why the torch backend stood in for fvcore (None when it did not).
         versions: torch, fvcore and plugin versions that made the count.
         ffn_router: the part of ``ffn`` spent in mixture-of-experts routers (``D x E`` per token).
@@ -111,7 +112,7 @@ class Profile:
         extra = "".join(
             f", {label}" for label, on in (
                 (self.mode, self.mode != "forward"), (self.backend, self.backend != "fvcore"),
-                ("causal half", self.causal_applied), (f"{len(self.warnings)} warnings", bool(self.warnings)))
+                (f"causal {self.causal}", self.causal_applied), (f"{len(self.warnings)} warnings", bool(self.warnings)))
             if on)
         m = f", m={self.m}" if self.m is not None and self.m != self.n else ""
         return (f"Profile({self.name!r}, n={self.n}{m}, batch={self.batch}, core={self.attention_core:,}, "
@@ -158,7 +159,8 @@ class Profile:
             return None
         if self.mode == "decode":
             return formulas.decode_costs(self.spec, self.n, self.new_tokens or 1, self.batch)
-        return formulas.model_costs(self.spec, self.n, self.batch, self.m, causal_half=self.causal_applied,
+        causal = self.causal if self.causal_applied else "full"
+        return formulas.model_costs(self.spec, self.n, self.batch, self.m, causal=causal,
                                     train=self.mode == "train")
 
     @property
@@ -222,6 +224,18 @@ class Profile:
             raise ValueError(f"{self.name}: the conventions need a forward profile with a spec (mode {self.mode!r}, "
                              f"spec {'known' if self.spec else 'unknown'}); pass spec=ModelSpec(...) to profile()")
         return conventions(self.spec, self.n, self.batch, vocab=vocab, causal=causal)
+
+    def audit(self, formula: Formula | Callable[[int], float]) -> Audit:
+        """Set a FLOPs formula (a :class:`~pytest_attncost.conventions.Formula`, or a function ``n -> FLOPs`` of one
+        sequence) beside this forward pass's count, and name the terms it differs by; a :class:`Sweep`'s ``audit``
+        does it over several lengths, which tell linear terms from quadratic ones.
+
+        Raises:
+            ValueError: not a forward pass, or a malformed formula.
+        """
+        if self.mode != "forward":
+            raise ValueError(f"{self.name}: a formula is audited against a forward pass, not mode {self.mode!r}")
+        return audit(formula, [(self.n, self.total, self.attention_core)], self.spec, self.batch)
 
     def check_formula(self, rtol: float = 0.01) -> None:
         """Assert that each measured part is within *rtol* of the formula.

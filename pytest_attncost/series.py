@@ -21,6 +21,7 @@ from fractions import Fraction
 from typing import Any, Generic, TypeVar, overload
 
 from . import formulas
+from .conventions import Audit, audit
 from .result import Profile, Timing
 from .errors import hidden
 
@@ -167,6 +168,12 @@ class Sweep(Series[Profile]):
 
     def formula_quadratic_crossover(self) -> Fraction | None:
         return formulas.quadratic_n(self.spec) if self.spec is not None else None
+
+    def audit(self, formula: Any) -> Audit:
+        """:meth:`Profile.audit` over every length of the sweep (one batch size, forward passes)."""
+        if len({(p.batch, p.mode) for p in self._items}) != 1 or self._items[0].mode != "forward":
+            raise SweepError("a formula is audited over forward passes at one batch size")
+        return audit(formula, [(p.n, p.total, p.attention_core) for p in self._items], self.spec, self._items[0].batch)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: the profiles plus both crossovers, measured and from the formula."""

@@ -16,6 +16,7 @@ import sys
 import warnings
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ import transformers
 from torch import nn
 from torch.nn import functional as F
 
-from pytest_attncost import ModelSpec, ProfileError, clear_cache, profile
+from pytest_attncost import ModelSpec, ProfileError, clear_cache, formulas, profile
 from pytest_attncost.counting import buffer_masks, count_forward, count_forward_torch, meta_twin, real_twin
 from pytest_attncost.counting.twin import SCRIPTED_MESSAGE
 from pytest_attncost.errors import CountError
@@ -398,7 +399,7 @@ def test_causal_half_under_a_sliding_window_says_the_window_keeps_fewer_pairs(wi
                 n, batch=b, causal="half")
     assert p.attention_core == layers * b * h * (n * (n + 1) // 2) * 2 * d
     expected = (f"causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
-                "fewer query-key pairs than the n(n+1)/2 counted (window-aware accounting is not done)",)
+                "fewer query-key pairs than the n(n+1)/2 counted; causal='kept' counts the pairs it keeps",)
     assert p.warnings == (expected if warned else ())
 
 
@@ -438,7 +439,59 @@ def test_causal_half_under_chunked_attention_says_the_chunks_keep_fewer_pairs() 
     p = profile(lambda: Llama4TextModel(config), n, batch=b, causal="half")
     assert p.attention_core == layers * b * h * (n * (n + 1) // 2) * 2 * d
     assert ("causal='half': 3 layer(s) attend within chunks of 8 tokens, which keep fewer query-key pairs than the "
-            "n(n+1)/2 counted (chunk-aware accounting is not done)") in p.warnings
+            "n(n+1)/2 counted; causal='kept' counts the pairs they keep") in p.warnings
+
+
+def test_kept_pairs_by_hand() -> None:
+    # 5 tokens, window 2: query 0 sees 1 key, queries 1..4 see 2; chunks of 2: 3 + 3 + 1
+    assert [formulas.kept_pairs(5), formulas.kept_pairs(5, window=2), formulas.kept_pairs(5, chunk=2)] == [15, 9, 7]
+    assert formulas.kept_pairs(4, window=8) == 10  # a window wider than the sequence keeps the triangle
+
+
+def _kept_profile(config_class: str, model_class: str, n: int, **config: Any):
+    import transformers
+
+    build = getattr(transformers, model_class)
+    settings = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+    return profile(lambda: build(getattr(transformers, config_class)(**{**settings, **config})), n, causal="kept")
+
+
+def test_kept_on_mistral_counts_the_window_of_4096_at_16384_tokens() -> None:
+    p = _kept_profile("MistralConfig", "MistralModel", 16_384, num_hidden_layers=2, sliding_window=4096)
+    # queries 0..4095 see 1..4096 keys, the 12,288 after them 4096 each
+    pairs = 4096 * 4097 // 2 + 12_288 * 4096
+    assert pairs == 58_722_304
+    assert p.attention_core == 2 * 4 * 2 * 16 * pairs  # layers x heads x (QK^T + AV) x head_dim
+    assert (p.causal_applied, p.warnings, p.deviation) == (True, (), 0.0)
+    assert "causal kept" in repr(p)
+
+
+def test_kept_on_gemma2_counts_alternating_local_and_global_layers() -> None:
+    p = _kept_profile("Gemma2Config", "Gemma2Model", 32, num_hidden_layers=4, head_dim=16, sliding_window=8)
+    # layers 0 and 2 slide over 8 tokens (36 + 24 x 8 = 228 pairs), layers 1 and 3 keep the triangle (528)
+    assert p.attention_core == 2 * 4 * 2 * 16 * 228 + 2 * 4 * 2 * 16 * 528
+    assert (p.spec.sliding_window, p.spec.sliding_layers, p.warnings, p.deviation) == (8, 2, (), 0.0)
+
+
+def test_kept_on_qwen2_counts_the_layers_past_max_window_layers() -> None:
+    p = _kept_profile("Qwen2Config", "Qwen2Model", 32, num_hidden_layers=4, use_sliding_window=True, sliding_window=8,
+                      max_window_layers=1)
+    # layer 0 attends in full causal (528 pairs), layers 1-3 within the window (228)
+    assert p.attention_core == 1 * 4 * 2 * 16 * 528 + 3 * 4 * 2 * 16 * 228
+    assert (p.spec.sliding_layers, p.warnings, p.deviation) == (3, (), 0.0)
+    without = _kept_profile("Qwen2Config", "Qwen2Model", 32, num_hidden_layers=4, use_sliding_window=False,
+                            sliding_window=8)
+    assert without.attention_core == 4 * 4 * 2 * 16 * 528 and without.spec.sliding_window is None
+
+
+def test_kept_on_llama4_counts_each_chunk_and_says_there_is_no_formula() -> None:
+    p = _kept_profile("Llama4TextConfig", "Llama4TextModel", 20, num_hidden_layers=4, head_dim=16,
+                      intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1, attention_chunk_size=8,
+                      intermediate_size=32)
+    # three chunked layers (chunks of 8, 8, 4: 36 + 36 + 10 pairs), the fourth (no rope) full causal: 210
+    assert p.attention_core == 3 * 4 * 2 * 16 * 82 + 4 * 2 * 16 * 210
+    assert p.spec is None and p.warnings == ()
+    assert any("not chunked attention" in note for note in p.notes)
 
 
 # --- 3. the torch backend counts what it runs ----------------------------------------------------

@@ -38,11 +38,12 @@ LENGTHS = ["n", "batch", "m"]
 TOKENS = ["crossover_min", "crossover_max"]
 FLAGS = ["crosscheck"]
 DECODE = ["mode", "new_tokens", "kv_cache_max"]
+AUDIT = ["audit"]
 TIME = ["attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max", "quadratic_time_share_min"]
 
 
 def test_every_keyword_is_covered():
-    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS + DECODE + TIME) == KEYWORDS
+    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS + DECODE + TIME + AUDIT) == KEYWORDS
 
 
 BAD = [float("nan"), float("inf"), -1, True, "abc", None, [0.5]]
