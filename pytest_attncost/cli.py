@@ -359,14 +359,6 @@ def _change(before: int, after: int) -> str:
     return f"{(after - before) / before * 100:+.2f}%"
 
 
-def _entry_label(key: tuple[Any, ...]) -> list[str]:
-    """test id, model (with mode, causal accounting and backend when not the defaults), n (and m), batch."""
-    test_id, name, n, batch, m, mode, causal, backend = key
-    notes = [note for note, default in ((mode, "forward"), (causal, "full"), (backend, "fvcore")) if note != default]
-    return [test_id, f"{name} ({', '.join(notes)})" if notes else name, f"{n:,}" + (f" (m {m:,})" if m else ""),
-            str(batch)]
-
-
 def _entries(count: int) -> str:
     return f"{count} entr{'y' if count == 1 else 'ies'}"
 
@@ -390,7 +382,7 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
         body = []
         for key, new_key in changed:
             a, b = before[key], after[new_key]
-            label = _entry_label(new_key if key == new_key else (*new_key[:-1], "fvcore"))
+            label = reporting.key_label(new_key if key == new_key else (*new_key[:-1], "fvcore"))
             if key != new_key:  # one entry, counted by the other backend now
                 label[1] += f" (backend {key[-1]} → {new_key[-1]})"
             body.append([*label, f"{int(a['total']):,}", f"{int(b['total']):,}",
@@ -400,7 +392,7 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
         lines += ["", f"changed ({len(changed)}):", *text_table(headers, body, right=range(2, len(headers)))]
     for title, keys, source in (("added", added, after), ("removed", removed, before)):
         if keys:
-            body = [[*_entry_label(key), f"{int(source[key]['total']):,}"] for key in keys]
+            body = [[*reporting.key_label(key), f"{int(source[key]['total']):,}"] for key in keys]
             lines += ["", f"{title} ({len(keys)}):",
                       *text_table(["test", "model", "n", "batch", "total"], body, right=(2, 3, 4))]
     if regressions:

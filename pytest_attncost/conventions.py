@@ -163,13 +163,13 @@ class Audit:
                 f"({float((claimed - counted) / counted):+.2%}; tolerance {self.tolerance:g})")
         if self.terms is None:
             return (f"{head}; the difference at n = {at} is none of the known terms (causal halving, the n² core, "
-                    "the output head or an embedding as n·V·D, a gated FFN's third matrix, grouped-query attention, "
+                    "the other part, the output head or an embedding as n·V·D, a gated FFN's third matrix, grouped-query attention, "
                     "all experts; pass vocab= for the head): compare the parts, Profile.table()")
         last = [n for n, _, _ in self.rows].index(n)
         return f"{head}: " + "; ".join(f"{term} ({values[last]:+,} MAC)" for term, values in self.terms)
 
 
-Point = tuple[int, int, int]  # (n, counted MACs in all, counted attention core)
+Point = tuple[int, int, int, int]  # (n, counted MACs in all, counted attention core, counted other)
 
 
 def audit(formula: Formula | Callable[[int], float], points: Sequence[Point], spec: ModelSpec | None,
@@ -182,7 +182,7 @@ def audit(formula: Formula | Callable[[int], float], points: Sequence[Point], sp
     V at every query head, every expert of a mixture. Several lengths tell linear terms from quadratic ones.
     """
     wanted = formula if isinstance(formula, Formula) else Formula(formula)
-    rows = tuple((n, wanted.macs(n, batch), total) for n, total, _ in points)
+    rows = tuple((n, wanted.macs(n, batch), total) for n, total, _, _ in points)
     gaps = [claimed - counted for _, claimed, counted in rows]
     slack = [wanted.tolerance * counted for _, _, counted in rows]
     candidates = _terms(points, spec, batch, wanted.vocab)
@@ -200,9 +200,13 @@ def audit(formula: Formula | Callable[[int], float], points: Sequence[Point], sp
 def _terms(points: Sequence[Point], spec: ModelSpec | None, batch: int, vocab: int
            ) -> list[tuple[str, str, tuple[int, ...]]]:
     """The known differences: (name counted one way, name the other, MACs per point), the empty ones left out."""
-    ns = [n for n, _, _ in points]
+    ns = [n for n, _, _, _ in points]
+    head = [batch * n * vocab * spec.hidden if spec is not None else 0 for n in ns]
     terms = [("the attention core counted twice", "the n² attention core (QKᵀ and AV) missing",
-              tuple(core for _, _, core in points))]
+              tuple(core for _, _, core, _ in points)),
+             ("the count's other part counted twice", "the count's other part left out (beyond the head: norms, "
+              "poolers, classifiers, rotary tables; Profile.table() names them)",
+              tuple(other - h if other >= h else other for (_, _, _, other), h in zip(points, head)))]
     if spec is not None:
         b, L, D, h, d = batch, spec.layers, spec.hidden, spec.heads, spec.head_dim
         full = [model_costs(spec, n, b).attention_core for n in ns]
@@ -226,7 +230,7 @@ def _terms(points: Sequence[Point], spec: ModelSpec | None, batch: int, vocab: i
         ]
         if vocab:
             terms.append(("n·V·D more: an embedding lookup counted as a matrix product, or an output head the count "
-                          "does not have", "the output head (n·V·D) left out", tuple(b * n * vocab * D for n in ns)))
+                          "does not have", "the output head (n·V·D) left out", tuple(head)))
     merged: dict[tuple[int, ...], tuple[str, str]] = {}  # terms of equal MACs at every n: either may be the cause
     for plus, minus, values in terms:
         if any(values):

@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from . import devices
 from .conventions import Formula
 from .formulas import relative_deviation
 from .result import MODES, Profile, Timing
 from .series import Sweep, SweepError
-from .units import UnitError, format_bytes, format_count, format_tokens, parse_bytes, parse_count
+from .units import UnitError, format_bytes, format_count, format_seconds, format_tokens, parse_bytes, parse_count
 from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["Bounds", "MIN_REPEATS", "MarkerError", "TIME_BOUNDS", "check_bounds", "check_sweep", "check_time_bounds",
+__all__ = ["Bounds", "MIN_REPEATS", "MarkerError", "TIME_BOUNDS", "check_bounds", "check_mfu", "check_sweep",
+           "check_time_bounds",
            "parse_marker_kwargs", "parse_time_bound", "MARKER_HELP"]
 
 MARKER_HELP = (
@@ -38,7 +40,8 @@ MARKER_HELP = (
     "kv_cache_max (bytes of a decode step's KV cache: an int or '2 GiB', '512 MB'), "
     "attention_time_share_max/min and quadratic_time_share_max/min (shares of the time attncost.measure() "
     "measured, broken only beyond the spread of at least 5 repeats), "
-    "audit (a function n -> FLOPs, or pytest_attncost.Formula: fails with the terms it differs from the count by)."
+    "audit (a function n -> FLOPs, or pytest_attncost.Formula: fails with the terms it differs from the count by), "
+    "mfu_min with peak ('h100-sxm-bf16', 'cpu-fp32' or FLOP/s: the counted FLOPs over the measured forward time)."
 )
 
 NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
@@ -77,6 +80,8 @@ class Bounds:
     quadratic_time_share_max: float | None = None
     quadratic_time_share_min: float | None = None
     audit: Formula | None = None  # a user's FLOPs formula, which must agree with the count
+    mfu_min: float | None = None  # counted FLOPs / measured time / peak, beyond the noise
+    peak: str | float | None = None  # "h100-sxm-bf16", "cpu-fp32" or FLOP/s
 
     @property
     def has_bounds(self) -> bool:
@@ -199,6 +204,16 @@ def _formula(name: str, value: object) -> Formula:
     return Formula(value)
 
 
+def _peak(name: str, value: object) -> str | float:
+    try:  # "cpu" is measured when the bound is checked, not while the marker is read
+        devices.peak_flops(1.0 if isinstance(value, str) and value.startswith("cpu-") else value)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise MarkerError(f"{name}: {exc}") from None
+    if isinstance(value, str) and value.startswith("cpu-") and value != "cpu-fp32":
+        raise MarkerError(f"{name}: this CPU's peak is measured in float32 only: peak='cpu-fp32'")
+    return value if isinstance(value, str) else float(value)  # type: ignore[arg-type]
+
+
 def _mode(name: str, value: object) -> str:
     if value not in MODES:
         raise MarkerError(f"{name} must be one of {', '.join(map(repr, MODES))}, got {value!r}")
@@ -210,7 +225,7 @@ _PARSERS: Mapping[str, Callable[[str, object], Any]] = {
     "batch": _length, "m": _length, **dict.fromkeys(_SHARES, _share), **dict.fromkeys(_COUNTS, _read(parse_count)), "formula_rtol": _rtol,
     "max_increase": _increase, "crossover_min": _tokens, "crossover_max": _tokens, "crosscheck": _flag,
     "crossover_rtol": _rtol, "mode": _mode, "new_tokens": _length, "kv_cache_max": _read(parse_bytes),
-    **dict.fromkeys(TIME_BOUNDS, parse_time_bound), "audit": _formula,
+    **dict.fromkeys(TIME_BOUNDS, parse_time_bound), "audit": _formula, "mfu_min": _share, "peak": _peak,
 }
 
 
@@ -232,6 +247,9 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
         raise MarkerError("m is the second sequence's length (encoder-decoders, cross-attention); a decode step has "
                           "n (its cache) and new_tokens: drop m")
     bounds = Bounds(**values)
+    if (bounds.mfu_min is None) != (bounds.peak is None):
+        raise MarkerError("mfu_min and peak go together: mfu_min=0.35 with peak='h100-sxm-bf16' (a device of "
+                          f"{', '.join(devices.DEVICES)} or 'cpu' with its dtype), or peak= a number of FLOP/s")
     if bounds.crossover_min is not None and bounds.crossover_max is not None and bounds.crossover_min > bounds.crossover_max:
         raise MarkerError(f"crossover_min {bounds.crossover_min:g} > crossover_max {bounds.crossover_max:g}: no sweep can pass")
     low, high = bounds.attention_share_min, bounds.attention_share_max
@@ -439,4 +457,35 @@ def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, f
                 problems.append(TIME_BOUND_MESSAGE.format(
                     stat=stat, median=median, op=">" if side == "max" else "<", limit=limit, n=timing.n,
                     where=_where(timing), repeats=timing.repeats, spread=spread, macs=macs))
+    return problems
+
+
+MFU_MESSAGE = ("MFU {mfu:.3f} < mfu_min {limit:g} beyond the noise at n={n} on {where}: {flops:.4g} FLOP (the exact "
+               "count, 2 FLOP per MAC, causal={causal!r}) in {seconds} (median of {repeats} forwards, spread "
+               "±{spread}) = {rate:.4g} FLOP/s against {peak}")
+
+
+def check_mfu(timings: Sequence[Timing] | Timing, mfu_min: float | None, peak: str | float | None) -> list[str]:
+    """MFU (model FLOPs utilization: the counted FLOPs of a forward over its measured time, over the peak) below
+    *mfu_min* beyond the noise: even at the median less the spread, the forward is slower than the bound allows."""
+    if mfu_min is None or peak is None:
+        return []
+    timings = [timings] if isinstance(timings, Timing) else timings
+    if not timings:
+        return [NO_TIMING.format(bound="mfu_min")]
+    rate_at_peak, named = devices.peak_flops(peak)
+    problems = []
+    for timing in timings:
+        if timing.repeats < MIN_REPEATS:
+            problems.append(TOO_FEW_REPEATS.format(bound="mfu_min", limit=mfu_min, name=timing.name, n=timing.n,
+                                                   repeats=timing.repeats, minimum=MIN_REPEATS))
+            continue
+        flops = 2 * sum(timing.macs.values())
+        seconds, spread = timing.forward, timing.spread("forward")
+        fastest = max(seconds - spread, 1e-12)
+        if flops / fastest / rate_at_peak < mfu_min:
+            problems.append(MFU_MESSAGE.format(
+                mfu=flops / seconds / rate_at_peak, limit=mfu_min, n=timing.n, where=_where(timing), flops=flops,
+                causal=getattr(timing.profile, "causal", "full"), seconds=format_seconds(seconds),
+                repeats=timing.repeats, spread=format_seconds(spread), rate=flops / seconds, peak=named))
     return problems

@@ -246,6 +246,7 @@ class OpRecord:
             split follows (:mod:`~pytest_attncost.roles`); :attr:`fed_by` is their union.
         backward_of: in a train-mode count, the index of the forward record a backward op
             differentiates (-1 when none was counted); None for forward ops.
+        weights: the elements of its operands that are parameters (the weights it reads).
     """
 
     op: str
@@ -257,6 +258,13 @@ class OpRecord:
     mask: str = ""
     sources: tuple[tuple[int, ...], ...] = ()
     backward_of: int | None = None
+    weights: int = 0
+
+    @property
+    def moved(self) -> tuple[int, int]:
+        """(weight, activation) elements it reads and writes: its operands and its result."""
+        result = math.prod(self.out_shape) if self.out_shape else 0
+        return self.weights, sum(math.prod(shape) for shape in self.shapes) - self.weights + result
 
     @property
     def fed_by(self) -> frozenset[int]:

@@ -77,6 +77,7 @@ class Split:
     unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
     unknown_masks: dict[str, int] = field(default_factory=dict)  # module -> core MACs under a mask of unknown form
     outside: dict[str, int] = field(default_factory=dict)  # part -> MACs of attention blocks outside the layers
+    moved: dict[str, tuple[int, int]] = field(default_factory=dict)  # part -> (weight, activation) elements
 
 
 def split(
@@ -111,6 +112,8 @@ def split(
         if part == "attention_core" and causal_modules is not None:
             macs = _counted_core(record, causal_modules, bidirectional, local or {}, result)
         setattr(result, part, getattr(result, part) + macs)
+        weights, activations = result.moved.get(part, (0, 0))
+        result.moved[part] = (weights + record.moved[0], activations + record.moved[1])
         if part == "ffn" and record.scope in routers:
             result.ffn_router += macs
         if structure is None or part == "other":

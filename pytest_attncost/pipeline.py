@@ -248,6 +248,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
     assert n is not None
     memory = None if decoding else inputs.second_length(target, built, n, options.m, spec, parts)
     layers = spec.layers if spec is not None else max(1, len(structure.layers if structure else parts.attention_modules))
+    dtype = families.float_dtype(target)
     result = Profile(
         name=setup.model_name, n=n, batch=batch, attention_core=parts.attention_core,
         attention_proj=parts.attention_proj, ffn=parts.ffn, other=parts.other, layers=layers, spec=spec, m=memory,
@@ -258,6 +259,9 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         new_tokens=options.new_tokens if decoding else None,
         kv_cache_bytes=inputs.cache_bytes(built.args, built.kwargs) if decoding else None,
         roles=dict(placement.assigned), roles_given=structure is None, outside=dict(sorted(parts.outside.items())),
+        dtype=str(dtype).removeprefix("torch."),
+        moved={part: (weights * dtype.itemsize, activations * dtype.itemsize)
+               for part, (weights, activations) in sorted(parts.moved.items())},
     )
     warnings = parts_mod.structure_warnings(parts, structure, raw.records, spec, setup.model_name)
     warnings += _formula_warnings(result)

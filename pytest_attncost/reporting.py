@@ -21,7 +21,7 @@ from typing import Any
 
 from .formulas import ModelSpec
 from .markers import threshold_notes
-from .result import Profile, versions
+from .result import PARTS, Profile, versions
 from .series import Sweep, SweepError
 from .units import format_bytes, format_count, format_tokens, table
 from .errors import hidden
@@ -42,6 +42,14 @@ def row_key(test_id: str, name: str, n: int, batch: int, mode: str | None = "for
     counts only where it differs from n (else 0); the backend comes last (compare pairs entries by the rest)."""
     return (test_id, name, n, batch, 0 if m is None or m == n else m, mode or "forward", causal or "full",
             backend or "fvcore")
+
+
+def key_label(key: RowKey) -> list[str]:
+    """test id, model (with mode, causal accounting and backend when not the defaults), n (and m), batch."""
+    test_id, name, n, batch, m, mode, causal, backend = key
+    notes = [note for note, default in ((mode, "forward"), (causal, "full"), (backend, "fvcore")) if note != default]
+    return [test_id, f"{name} ({', '.join(notes)})" if notes else name, f"{n:,}" + (f" (m {m:,})" if m else ""),
+            str(batch)]
 
 
 @dataclass(frozen=True)
@@ -570,4 +578,32 @@ def render_documents(entries: Sequence[Mapping[str, Any]], sweeps: Sequence[Mapp
     document: dict[str, Any] = {"schema": SCHEMA, "unit": "MAC", "versions": versions(), "profiles": list(entries)}
     if sweeps:
         document["sweeps"] = [{k: v for k, v in s.items() if k != "profiles"} for s in sweeps]
+    return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+#: The formats ``--attncost-export=FORMAT:PATH`` writes.
+EXPORTS = ("github-action-benchmark", "bencher")
+
+
+def render_export(kind: str, rows: Sequence[Row]) -> str:
+    """The rows as a dashboard's input: one benchmark per test x profile (its n, m, batch, mode, causal and
+    backend in the name), with the MACs of each part and the whole, the attention share and a decode step's KV
+    cache bytes: github-action-benchmark's ``customSmallerIsBetter`` list of ``{name, unit, value, extra}``, or
+    Bencher's metric format ``{benchmark: {measure: {value}}}``."""
+    entries = []
+    for row in sort_rows(rows):
+        test_id, model, n, batch = key_label(row.key)
+        name, p = f"{test_id} {model} n={n} batch={batch}", row.profile
+        figures = [(f"{part}-macs", "MAC", getattr(p, part)) for part in (*PARTS, "total")]
+        figures.append(("attention-share", "share", p.attention_share))
+        if p.kv_cache_bytes is not None:
+            figures.append(("kv-cache-bytes", "bytes", p.kv_cache_bytes))
+        entries.append((name, figures, p))
+    if kind == "bencher":
+        document: Any = {name: {measure: {"value": value} for measure, _, value in figures}
+                         for name, figures, _ in entries}
+    else:
+        document = [{"name": f"{name} {measure}", "unit": unit, "value": value,
+                     "extra": f"{p.backend}, {p.mode}, causal={p.causal}; torch {p.versions.get('torch', '?')}"}
+                    for name, figures, p in entries for measure, unit, value in figures]
     return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"

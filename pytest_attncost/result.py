@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from . import formulas
+from . import devices, formulas
 from .conventions import Audit, Convention, Formula, audit, conventions
 from .formulas import Costs, ModelSpec, relative_deviation
 from .ops import MATMUL_LIKE_UNSUPPORTED
@@ -31,6 +31,28 @@ PARTS = (*COMPONENTS, "other")
 BACKENDS = ("fvcore", "torch")
 MODES = ("forward", "train", "decode")
 CAUSAL = ("full", "half", "kept")
+
+
+@dataclass(frozen=True)
+class Roof:
+    """One part on a device's roofline: its FLOPs, the bytes its products read and write, the time the slower of
+    the two takes at the device's peak and bandwidth, and which it is (``"compute"`` or ``"memory"``)."""
+
+    part: str
+    flops: int
+    weight_bytes: int
+    activation_bytes: int
+    seconds: float
+    bound: str
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.activation_bytes
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte moved."""
+        return self.flops / self.bytes if self.bytes else math.inf
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,10 @@ class Profile:
         notes: what the plugin changed or could not do without doubting the count (the
             experts implementation it ran, why there is no formula).
         new_tokens: the query tokens of a decode step (None outside decode mode).
+        dtype: the dtype of the model's parameters, in which its bytes are counted.
+        moved: part -> (weight bytes, activation bytes) its products read and write: each product's matrix
+            operands (weights are the parameters among them; in a decode step the KV cache is read as
+            activations) and its result. Norms, activations, softmax and biases are not products, and are not in.
         kv_cache_bytes: bytes of the KV cache the decode step read (its n tokens, every layer,
             in the cache's dtype); None outside decode mode.
         outside: MACs of attention that runs outside the repeated layers (Perceiver IO's cross-attention,
@@ -100,6 +126,8 @@ class Profile:
     new_tokens: int | None = None
     kv_cache_bytes: int | None = None
     outside: Mapping[str, int] = field(default_factory=dict)
+    dtype: str = "float32"
+    moved: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     # module -> (class, parameters, role): for table(); not part of the dict (it can be large)
     modules: Mapping[str, tuple[str, int, str]] = field(default_factory=dict, repr=False, compare=False)
     # module -> "attention" / "ffn": the role map the split used (measure() places time with it), and
@@ -235,7 +263,28 @@ class Profile:
         """
         if self.mode != "forward":
             raise ValueError(f"{self.name}: a formula is audited against a forward pass, not mode {self.mode!r}")
-        return audit(formula, [(self.n, self.total, self.attention_core)], self.spec, self.batch)
+        return audit(formula, [(self.n, self.total, self.attention_core, self.other)], self.spec, self.batch)
+
+    def roofline(self, device: str = "h100-sxm", dtype: str | None = None) -> list[Roof]:
+        """Each part's FLOPs, bytes, arithmetic intensity and roofline time on *device* (a name of
+        :data:`~pytest_attncost.devices.DEVICES`, or ``"cpu"``: this machine, measured), with its verdict, and
+        the whole forward last (``"total"``). *dtype*: the peak to use (default: the profile's own dtype).
+
+        Raises:
+            ValueError: an unknown device or dtype, or a profile counted without bytes.
+        """
+        if not self.moved:
+            raise ValueError(f"{self.name}: this profile has no bytes (read from a file written before they were counted)")
+        found, dtype = devices.device(device), dtype or self.dtype
+        rows = []
+        for part in (*PARTS, "total"):
+            macs = self.total if part == "total" else getattr(self, part)
+            weights, activations = (map(sum, zip(*self.moved.values())) if part == "total"
+                                    else self.moved.get(part, (0, 0)))
+            moved = weights + activations
+            rows.append(Roof(part, 2 * macs, weights, activations, found.seconds(2 * macs, moved, dtype),
+                             found.bound(2 * macs, moved, dtype) if macs or moved else "-"))
+        return rows
 
     def check_formula(self, rtol: float = 0.01) -> None:
         """Assert that each measured part is within *rtol* of the formula.
@@ -301,6 +350,9 @@ class Profile:
             data["kv_cache_bytes"] = self.kv_cache_bytes
         if self.outside:  # present only where attention ran outside the layers
             data["outside"] = dict(sorted(self.outside.items()))
+        if self.moved:  # bytes: present where the count recorded them
+            data["dtype"] = self.dtype
+            data["moved"] = {part: list(pair) for part, pair in sorted(self.moved.items())}
         return data
 
     @classmethod
@@ -313,6 +365,8 @@ class Profile:
         for name in ("warnings", "notes"):
             if name in kwargs:
                 kwargs[name] = tuple(kwargs[name])
+        if "moved" in kwargs:
+            kwargs["moved"] = {part: tuple(pair) for part, pair in kwargs["moved"].items()}
         return cls(**kwargs)
 
 

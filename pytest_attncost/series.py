@@ -173,7 +173,7 @@ class Sweep(Series[Profile]):
         """:meth:`Profile.audit` over every length of the sweep (one batch size, forward passes)."""
         if len({(p.batch, p.mode) for p in self._items}) != 1 or self._items[0].mode != "forward":
             raise SweepError("a formula is audited over forward passes at one batch size")
-        return audit(formula, [(p.n, p.total, p.attention_core) for p in self._items], self.spec, self._items[0].batch)
+        return audit(formula, [(p.n, p.total, p.attention_core, p.other) for p in self._items], self.spec, self._items[0].batch)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: the profiles plus both crossovers, measured and from the formula."""

@@ -9,6 +9,7 @@ Everything here runs inside a pytest session but holds no hook of the test proto
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import json
 import os
@@ -26,6 +27,7 @@ from .markers import (
     Bounds,
     MarkerError,
     check_bounds,
+    check_mfu,
     check_sweep,
     check_time_bounds,
     merged_kwargs,
@@ -33,7 +35,7 @@ from .markers import (
 )
 from .baseline import BaselineError, Prune, compare, entry_key, load, save
 from . import files, plots
-from .reporting import Row, RowKey, SweepRow, render_json, render_markdown, render_terminal, row_key
+from .reporting import Row, RowKey, SweepRow, render_export, render_json, render_markdown, render_terminal, row_key
 from .result import versions
 
 if TYPE_CHECKING:
@@ -204,6 +206,7 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
         if bounds is not None and body_passed:
             wanted = {key: getattr(bounds, key) for key in TIME_BOUNDS}
             timed = check_time_bounds(item.stash.get(TIMINGS_KEY, []), wanted)
+            timed += check_mfu(item.stash.get(TIMINGS_KEY, []), bounds.mfu_min, bounds.peak)
             problems += timed
             if timed:
                 rows = [row.replace(problems=(*row.problems, *timed), verdict="FAIL") for row in rows]
@@ -431,6 +434,8 @@ class AttncostSession:
         if self.settings.json_path is not None:
             self._write("json", self.settings.json_path,
                         lambda: files.write(self.settings.json_path, render_json(rows, unit, sweeps)))  # type: ignore[arg-type]
+        for kind, path in self.settings.exports:
+            self._write(kind, path, functools.partial(files.write, path, render_export(kind, rows)))
         markdown = None
         if self.settings.markdown_path is not None:
             markdown = render_markdown(rows, unit, sweeps, self.settings.markdown_path.parent)
@@ -491,7 +496,8 @@ class AttncostSession:
                                     full=self.settings.report_full):
             terminalreporter.write_line(line)
         failed = " ".join(self.file_errors)
-        for label, path in (("json", self.settings.json_path), ("markdown", self.settings.markdown_path)):
+        for label, path in (("json", self.settings.json_path), ("markdown", self.settings.markdown_path),
+                            *self.settings.exports):
             if path is not None and str(path) not in failed:
                 terminalreporter.write_line(f"attncost {label} written to {path}")
 

@@ -13,6 +13,7 @@ import pytest
 
 from . import files
 from .plots import require_matplotlib
+from .reporting import EXPORTS
 from .units import UNITS
 from .errors import hidden
 
@@ -37,6 +38,9 @@ _LOCK_TIMEOUT_HELP = ("Seconds --attncost-save waits for the lock of another run
 _COMPARE_STRICT_HELP = "Fail the session when baseline entries were not seen in this run."
 _BACKEND_HELP = "Default counter: fvcore (jit trace, default) or torch (FlopCounterMode on fake tensors)."
 _CROSSCHECK_HELP = "Count every profile with both backends; fail a test whose counts disagree."
+_EXPORT_HELP = ("Write the counts for a dashboard: github-action-benchmark:PATH (its customSmallerIsBetter JSON) or "
+                "bencher:PATH (Bencher's metric format); one benchmark per test and profile, with the MACs of each "
+                "part, the attention share and a decode step's KV cache bytes. May be given more than once.")
 _PLOT_HELP = "Write PNG and SVG plots of every attncost.sweep() to this directory (needs matplotlib)."
 _NO_CACHE_HELP = ("Count every profile afresh instead of reusing an identical earlier one "
                   "(the cache cannot see globals or functions patched in other modules).")
@@ -53,6 +57,7 @@ class Settings:
     report_full: bool = False
     json_path: Path | None = None
     markdown_path: Path | None = None
+    exports: tuple[tuple[str, Path], ...] = ()  # (format, path) of --attncost-export
     save_path: Path | None = None
     save_prune: bool = False
     compare_path: Path | None = None
@@ -81,8 +86,10 @@ class Settings:
         markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown")
         save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save", what="baseline")
         compare_path = _path_value(config, "attncost_compare", "attncost_compare")
+        exports = tuple(_export(config, value) for value in config.getoption("attncost_export") or ())
         _distinct({"--attncost-json": json_path, "--attncost-markdown": markdown_path,
-                   "--attncost-save": save_path, "--attncost-compare": compare_path})
+                   "--attncost-save": save_path, "--attncost-compare": compare_path,
+                   **{f"--attncost-export={kind}": path for kind, path in exports}})
         plot_dir = _plot_dir(config)
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
@@ -94,6 +101,7 @@ class Settings:
             strict=flag("attncost_strict", "attncost_strict"),
             json_path=json_path,
             markdown_path=markdown_path,
+            exports=exports,
             save_path=save_path,
             save_prune=bool(config.getoption("attncost_save_prune")),
             compare_path=compare_path,
@@ -105,6 +113,14 @@ class Settings:
             cache=_ini_bool(config, "attncost_cache") if config.getoption("attncost_no_cache") is None else False,
             lock_timeout=_number(config, "attncost_lock_timeout", _seconds, "60", "seconds >= 0, such as 60"),
         )
+
+
+def _export(config: pytest.Config, value: str) -> tuple[str, Path]:
+    kind, _, path = value.partition(":")
+    if kind not in EXPORTS or not path:
+        raise pytest.UsageError(f"--attncost-export={value}: expected FORMAT:PATH with FORMAT one of "
+                                f"{', '.join(EXPORTS)}, e.g. --attncost-export=bencher:attncost-bmf.json")
+    return kind, _checked(Path(config.invocation_params.dir) / path, "--attncost-export", value)
 
 
 def _number(config: pytest.Config, dest: str, parse: Callable[[str], float], default: str, expected: str) -> float:
@@ -201,9 +217,10 @@ def _report_path(config: pytest.Config, dest: str, option: str, ini: str | None 
                  what: str = "report") -> Path | None:
     """A report path, checked before any test runs: a lost report after a long run helps no one."""
     path = _path_value(config, dest, ini)
-    if path is None:
-        return None
-    value = config.getoption(dest) or str(path)
+    return None if path is None else _checked(path, option, config.getoption(dest) or str(path), what)
+
+
+def _checked(path: Path, option: str, value: str, what: str = "report") -> Path:
     if path.is_dir():
         raise pytest.UsageError(f"{option}={value}: is a directory; give a file path such as {value}/attncost.json")
     parent = path.parent
@@ -254,6 +271,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--attncost-strict", action="store_true", default=None, help=_STRICT_HELP)
     group.addoption("--attncost-json", metavar="PATH", default=None, help=_JSON_HELP)
     group.addoption("--attncost-markdown", metavar="PATH", default=None, help=_MARKDOWN_HELP)
+    group.addoption("--attncost-export", metavar="FORMAT:PATH", action="append", default=None, help=_EXPORT_HELP)
     group.addoption("--attncost-save", metavar="PATH", default=None, help=_SAVE_HELP)
     group.addoption("--attncost-save-prune", action="store_true", default=False, help=_PRUNE_HELP)
     group.addoption("--attncost-compare", metavar="PATH", default=None, help=_COMPARE_HELP)

@@ -103,6 +103,20 @@ def test_a_difference_of_no_known_form_is_said_to_be_so(counted):
     assert counted.audit(Formula(lambda n: correct(n) + 2 * 7 * n, tolerance=0.01)).ok
 
 
+def test_a_pooler_left_out_is_named():
+    from tiny_models import FFN, HEAD_DIM, HEADS, HIDDEN, LAYERS, bert_like
+
+    def layers_only(n: int) -> int:  # the layers' products, without the norms and BERT's pooler
+        return 2 * LAYERS * (4 * n * HIDDEN * HEADS * HEAD_DIM + 2 * n * HIDDEN * FFN + 2 * HEADS * n * n * HEAD_DIM)
+
+    result = sweep(bert_like, [16, 32]).audit(layers_only)
+    assert [term for term, _ in result.terms] == [
+        "the count's other part left out (beyond the head: norms, poolers, classifiers, rotary tables; "
+        "Profile.table() names them)"]
+    # fvcore counts 5 MAC an element for each LayerNorm (the embeddings' and two a layer), the pooler D·D
+    assert result.terms[0][1] == tuple(-(5 * n * HIDDEN * (1 + 2 * LAYERS) + HIDDEN * HIDDEN) for n in (16, 32))
+
+
 def test_every_expert_counted_is_named():
     from transformers import MixtralConfig, MixtralForCausalLM
 
@@ -125,7 +139,7 @@ def test_every_expert_counted_is_named():
 def test_the_audit_is_torch_free_over_hand_made_points():
     spec = ModelSpec(hidden=8, heads=2, head_dim=4, layers=1, ffn_dim=16)
     # n=4: projections 4·4·8·8 = 1,024, FFN 4·2·8·16 = 1,024, core 2·2·4·16 = 256
-    points = [(4, 2304, 256), (8, 2 * 2048 + 1024, 1024)]
+    points = [(4, 2304, 256, 0), (8, 2 * 2048 + 1024, 1024, 0)]
     assert audit(lambda n: 2 * (4 * 8 * 8 * n + 2 * 8 * 16 * n + 2 * 2 * 4 * n * n), points, spec).ok
     missing = audit(lambda n: 2 * (4 * 8 * 8 * n + 2 * 8 * 16 * n), points, spec)
     assert missing.terms == (("the n² attention core (QKᵀ and AV) missing", (-256, -1024)),)

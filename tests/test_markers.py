@@ -38,7 +38,7 @@ LENGTHS = ["n", "batch", "m"]
 TOKENS = ["crossover_min", "crossover_max"]
 FLAGS = ["crosscheck"]
 DECODE = ["mode", "new_tokens", "kv_cache_max"]
-AUDIT = ["audit"]
+AUDIT = ["audit", "mfu_min", "peak"]
 TIME = ["attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max", "quadratic_time_share_min"]
 
 

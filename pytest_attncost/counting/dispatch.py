@@ -279,8 +279,9 @@ class _TorchRecorder:
                                          backward_of=-1 if source is None else source))
             return
         origin = "param" if op in PRODUCTS and PRODUCTS[op].packed else self.origin(tensors)
+        weights = sum(t.numel() for t in tensors[:3] if self.origin([t]) == "param")
         self.records.append(OpRecord(op, self.scope(), _macs(flops), origin, shapes, out_shape,
-                                     sources=self._operand_sources(args)))
+                                     sources=self._operand_sources(args), weights=weights))
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             # autograd created this op's node just before dispatching it: the latest sequence number
             self.node_records.setdefault(self.sequence_nr() - 1, index)
@@ -583,10 +584,10 @@ def at_lengths(raw: RawCount, k: int) -> list[RawCount]:
     new = object.__new__
     for record in raw.records:
         fields = vars(record)
-        for out, macs, shapes, out_shape in zip(records, spread(record.macs, k), spread(record.shapes, k),
-                                                spread(record.out_shape, k)):
+        for out, macs, shapes, out_shape, weights in zip(records, spread(record.macs, k), spread(record.shapes, k),
+                                                         spread(record.out_shape, k), spread(record.weights, k)):
             copy = new(OpRecord)  # a frozen dataclass: its fields set directly, k times per record
-            vars(copy).update(fields, macs=macs, shapes=shapes, out_shape=out_shape)
+            vars(copy).update(fields, macs=macs, shapes=shapes, out_shape=out_shape, weights=weights)
             out.append(copy)
     names = list(raw.module_names)
     enclosing: dict[str, list[str]] = {}  # each scope's enclosing modules, once for all lengths

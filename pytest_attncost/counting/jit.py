@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -212,9 +213,11 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
             mask = ctx.masks.label(op, inputs, outputs, operands)
         product = is_product(op) or op in SDPA_OPS
         sources = tuple(ctx.sources([v]) for v in operands if v.type().kind() == "TensorType") if product else ()
+        weights = sum(math.prod(_shape(v)) for v in operands
+                      if v.type().kind() == "TensorType" and v.isCompleteTensor() and ctx.origin_of(v) == "param")
         ctx.records.append(OpRecord(
             op=op, scope=_scope_of(out.node()), macs=count, origin=origin, shapes=shapes, out_shape=out_shape,
-            mask=mask, sources=sources,
+            mask=mask, sources=sources, weights=weights,
         ))
         if product:
             ctx.made(len(ctx.records) - 1, outputs)

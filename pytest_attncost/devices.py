@@ -1,0 +1,122 @@
+"""Peak FLOP/s and memory bandwidth of named devices, and the roofline over them.
+
+A device's peak is the vendor's dense figure per dtype (no 2:4 sparsity), its bandwidth that of the memory
+the weights live in. The table is small and each entry names its source; ``"cpu"`` is this machine, measured
+(a float32 matrix product and a copy, best of a few). A peak is named ``"<device>-<dtype>"``
+(``"h100-sxm-bf16"``), or given as a number of FLOP/s.
+
+The roofline of an op that does ``F`` FLOP and moves ``B`` bytes on a device of peak ``P`` and bandwidth
+``W``: it takes at least ``max(F / P, B / W)``; it is compute-bound where ``F / B`` (its arithmetic
+intensity) exceeds ``P / W`` (the device's ridge point), memory-bound below.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+
+__all__ = ["DEVICES", "DTYPES", "Device", "device", "peak_flops", "this_cpu"]
+
+#: dtype names as torch spells them -> the table's
+DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8", "float64": "fp64"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device's dense peak FLOP/s per dtype, its memory bandwidth in bytes/s, and where they come from."""
+
+    name: str
+    flops: Mapping[str, float]
+    bandwidth: float
+    source: str
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s at *dtype* (``"bf16"`` or torch's ``"bfloat16"``)."""
+        key = DTYPES.get(dtype, dtype)
+        if key not in self.flops:
+            raise ValueError(f"{self.name} has no peak for {dtype!r} in the table; known: {', '.join(self.flops)}")
+        return self.flops[key]
+
+    def ridge(self, dtype: str) -> float:
+        """FLOP per byte where the roofline bends: above it an op is compute-bound."""
+        return self.peak(dtype) / self.bandwidth
+
+    def seconds(self, flops: float, moved: float, dtype: str) -> float:
+        """The roofline time of *flops* FLOP that move *moved* bytes: the slower of compute and memory."""
+        return max(flops / self.peak(dtype), moved / self.bandwidth)
+
+    def bound(self, flops: float, moved: float, dtype: str) -> str:
+        """``"compute"`` or ``"memory"``: which side of the ridge the arithmetic intensity falls."""
+        return "compute" if moved == 0 or flops / moved >= self.ridge(dtype) else "memory"
+
+
+T = 1e12
+DEVICES: Mapping[str, Device] = {
+    "h100-sxm": Device("H100 SXM", {"fp64": 67 * T, "fp32": 67 * T, "tf32": 494.7 * T, "bf16": 989.4 * T,
+                                    "fp16": 989.4 * T, "fp8": 1978.9 * T}, 3.35e12,
+                       "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense; sparsity doubles the tensor figures)"),
+    "h100-pcie": Device("H100 PCIe", {"fp64": 51 * T, "fp32": 51 * T, "tf32": 378 * T, "bf16": 756 * T,
+                                      "fp16": 756 * T, "fp8": 1513 * T}, 2.0e12,
+                        "NVIDIA H100 Tensor Core GPU datasheet (PCIe, dense)"),
+    "a100-80gb": Device("A100 SXM 80GB", {"fp64": 19.5 * T, "fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T,
+                                          "fp16": 312 * T}, 2.039e12,
+                        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB, dense)"),
+    "a100-40gb": Device("A100 SXM 40GB", {"fp64": 19.5 * T, "fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T,
+                                          "fp16": 312 * T}, 1.555e12,
+                        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB, dense)"),
+    "l4": Device("L4", {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T, "fp8": 242.5 * T},
+                 300e9, "NVIDIA L4 Tensor Core GPU datasheet (dense; sparsity doubles the tensor figures)"),
+}
+
+
+def device(name: str) -> Device:
+    """A device of the table, or ``"cpu"`` (this machine, measured)."""
+    if name == "cpu":
+        return this_cpu()
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; known: {', '.join([*DEVICES, 'cpu'])}")
+    return DEVICES[name]
+
+
+def peak_flops(peak: str | float) -> tuple[float, str]:
+    """(FLOP/s, its name) of ``"<device>-<dtype>"`` (``"h100-sxm-bf16"``, ``"cpu-fp32"``) or a number of FLOP/s."""
+    if not isinstance(peak, str):
+        if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not math.isfinite(peak) or peak <= 0:
+            raise ValueError(f"peak must be a device such as 'h100-sxm-bf16' or a positive number of FLOP/s, "
+                             f"got {peak!r}")
+        return float(peak), f"a peak of {peak:.4g} FLOP/s"
+    name, _, dtype = peak.rpartition("-")
+    if not name:
+        raise ValueError(f"peak {peak!r} names no dtype: give '<device>-<dtype>' such as 'h100-sxm-bf16'; devices: "
+                         f"{', '.join([*DEVICES, 'cpu'])}")
+    found = device(name)
+    return found.peak(dtype), f"{found.name} {dtype}'s {found.peak(dtype) / T:.4g} TFLOP/s"
+
+
+@functools.lru_cache(maxsize=1)
+def this_cpu(size: int = 1024, repeats: int = 5) -> Device:
+    """This machine's float32 matrix-product FLOP/s and copy bandwidth (bytes read and written per second),
+    best of *repeats*, with torch's threads as they are set."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    big = torch.empty(64 * 2**20 // 4)  # 64 MiB: past the caches
+    out = torch.empty_like(big)
+    best_product, best_copy = math.inf, math.inf
+    for _ in range(repeats + 1):  # the first run warms up
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best_product = min(best_product, time.perf_counter() - start)
+        start = time.perf_counter()
+        out.copy_(big)
+        best_copy = min(best_copy, time.perf_counter() - start)
+    flops = 2 * size**3 / best_product
+    return Device(f"this CPU ({torch.get_num_threads()} threads)", {"fp32": flops}, 2 * big.nbytes / best_copy,
+                  f"measured: a {size}x{size} float32 product and a 64 MiB copy, best of {repeats}")
