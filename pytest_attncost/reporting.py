@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import devices
 from .formulas import ModelSpec
 from .markers import threshold_notes
 from .result import PARTS, Profile, versions
 from .series import Sweep, SweepError
-from .units import format_bytes, format_count, format_tokens, table
+from .units import format_bytes, format_count, format_seconds, format_tokens, table
 from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
@@ -297,8 +298,8 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def time_lines(rows: Sequence[Row]) -> list[str]:
-    """Per measured profile: attention's share of the MACs and of the time; then, per model, where they
-    disagree most."""
+    """Per measured profile: attention's share of the MACs and of the time, and on this CPU each part's roofline
+    time beside its measured time; then, per model, where the shares disagree most."""
     measured = [row for row in rows if row.timing]
     lines = []
     for row in measured:
@@ -309,6 +310,12 @@ def time_lines(rows: Sequence[Row]) -> list[str]:
                      f"MACs, {t['attention_time_share']:.3f}{plus} of time; forward "
                      f"{t['seconds']['forward'] * 1000:.1f} ms on {t.get('device_name') or t.get('device')} "
                      f"({t['repeats']} repeats)")
+        if t.get("device") == "cpu" and t.get("dtype") == "float32" and row.profile.moved:
+            roofs = row.profile.roofline("cpu")
+            lines.append(f"{row.where}: roofline of {devices.this_cpu().name}, predicted / measured: " + ", ".join(
+                f"{'forward' if r.part == 'total' else r.part} {format_seconds(r.seconds)} / "
+                f"{format_seconds(t['seconds']['forward' if r.part == 'total' else r.part])}"
+                for r in roofs if r.flops))
 
     def gap(row: Row) -> float:
         t: Mapping[str, Any] = row.timing  # type: ignore[assignment]

@@ -217,6 +217,8 @@ def test_measure_through_the_fixture_reports_and_checks_time_bounds(project: pyt
         "attncost: attention_time_share_max=0.9: BertModel at n=32 was timed 2 time(s); a bound on measured time*",
         "*attention_time_share_max: nothing was timed: call attncost.measure(model)*",
         "measured time beside the MACs (reported, never gated by a baseline):",
+        "  *test_timed*: roofline of this CPU (* threads), predicted / measured: attention_core * / *, "
+        "attention_proj * / *, ffn * / *, other * / *, forward * / *",
     ])
     rows = json.loads((project.path / "r.json").read_text())["profiles"]
     timed = [row for row in rows if row.get("timing")]
