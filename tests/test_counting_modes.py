@@ -484,6 +484,19 @@ def test_kept_on_qwen2_counts_the_layers_past_max_window_layers() -> None:
     assert without.attention_core == 4 * 4 * 2 * 16 * 528 and without.spec.sliding_window is None
 
 
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_kept_on_gpt_neo_counts_its_local_layers(backend: str) -> None:
+    from transformers import GPTNeoConfig, GPTNeoModel
+
+    config = GPTNeoConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, window_size=8,
+                          attention_types=[[["global", "local"], 1]], intermediate_size=96, eos_token_id=0,
+                          bos_token_id=0)
+    p = profile(lambda: GPTNeoModel(config), 32, causal="kept", backend=backend)
+    # layer 0 global (528 pairs), layer 1 local: its mask keeps keys i-8 < j <= i (36 + 24 x 8 = 228 pairs)
+    assert p.attention_core == 4 * 2 * 16 * 528 + 4 * 2 * 16 * 228
+    assert (p.spec.sliding_window, p.spec.sliding_layers, p.warnings, p.deviation) == (8, 1, (), 0.0)
+
+
 def test_kept_on_llama4_counts_each_chunk_and_says_there_is_no_formula() -> None:
     p = _kept_profile("Llama4TextConfig", "Llama4TextModel", 20, num_hidden_layers=4, head_dim=16,
                       intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1, attention_chunk_size=8,
