@@ -16,6 +16,7 @@ head, an ungated FFN); Hugging Face's ``floating_point_ops`` (``6·tokens·N``, 
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -95,14 +96,14 @@ class Formula:
 
     Attributes:
         function: ``n -> FLOPs`` (or MACs, with ``unit="MAC"``) of one sequence of ``n`` tokens (per token, with
-            ``per="token"``); bind the config or spec it reads with a closure or ``functools.partial``.
+            ``per="token"``), or ``(spec, n) -> FLOPs``, given the profile's :class:`ModelSpec`.
         per: ``"sequence"`` or ``"token"``.
         unit: ``"FLOP"`` (2 per MAC) or ``"MAC"``.
         vocab: the vocabulary, so that the output head and an embedding counted as a product can be named (0: not).
         tolerance: the relative difference allowed at every n (0: to the MAC).
     """
 
-    function: Callable[[int], float]
+    function: Callable[..., float]
     per: str = "sequence"
     unit: str = "FLOP"
     vocab: int = 0
@@ -123,9 +124,22 @@ class Formula:
     def name(self) -> str:
         return getattr(self.function, "__name__", type(self.function).__name__)
 
-    def macs(self, n: int, batch: int) -> Fraction:
+    @property
+    def takes_spec(self) -> bool:
+        """The function reads ``(spec, n)``: it has two positional parameters without defaults."""
+        try:
+            parameters = inspect.signature(self.function).parameters.values()
+        except (TypeError, ValueError):
+            return False
+        return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                   for p in parameters) == 2
+
+    def macs(self, n: int, batch: int, spec: ModelSpec | None = None) -> Fraction:
         """The formula's MACs for *batch* sequences of *n* tokens, exactly as it states them."""
-        value = self.function(n)
+        if self.takes_spec and spec is None:
+            raise ValueError(f"formula {self.name} takes (spec, n), and the profile has no spec: pass spec= to "
+                             "profile(), or bind the shape in a function of n")
+        value = self.function(spec, n) if self.takes_spec else self.function(n)
         if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)) or not math.isfinite(value):
             raise ValueError(f"formula {self.name}({n}) returned {value!r}, not a number of {self.unit}")
         per_sequence = Fraction(value) * (n if self.per == "token" else 1)
@@ -172,7 +186,7 @@ class Audit:
 Point = tuple[int, int, int, int]  # (n, counted MACs in all, counted attention core, counted other)
 
 
-def audit(formula: Formula | Callable[[int], float], points: Sequence[Point], spec: ModelSpec | None,
+def audit(formula: Formula | Callable[..., float], points: Sequence[Point], spec: ModelSpec | None,
           batch: int = 1) -> Audit:
     """Set *formula* beside the counts at *points* and name the terms it differs by.
 
@@ -182,7 +196,7 @@ def audit(formula: Formula | Callable[[int], float], points: Sequence[Point], sp
     V at every query head, every expert of a mixture. Several lengths tell linear terms from quadratic ones.
     """
     wanted = formula if isinstance(formula, Formula) else Formula(formula)
-    rows = tuple((n, wanted.macs(n, batch), total) for n, total, _, _ in points)
+    rows = tuple((n, wanted.macs(n, batch, spec), total) for n, total, _, _ in points)
     gaps = [claimed - counted for _, claimed, counted in rows]
     slack = [wanted.tolerance * counted for _, _, counted in rows]
     candidates = _terms(points, spec, batch, wanted.vocab)

@@ -199,7 +199,8 @@ def _formula(name: str, value: object) -> Formula:
     if isinstance(value, Formula):
         return value
     if not callable(value):
-        raise MarkerError(f"{name} takes a function n -> FLOPs of one sequence, or pytest_attncost.Formula(function, "
+        raise MarkerError(f"{name} takes a function n -> FLOPs of one sequence (or (spec, n) -> FLOPs), or "
+                          f"pytest_attncost.Formula(function, "
                           f"per='token', unit='MAC', vocab=..., tolerance=...), got {value!r}")
     return Formula(value)
 

@@ -253,9 +253,9 @@ class Profile:
                              f"spec {'known' if self.spec else 'unknown'}); pass spec=ModelSpec(...) to profile()")
         return conventions(self.spec, self.n, self.batch, vocab=vocab, causal=causal)
 
-    def audit(self, formula: Formula | Callable[[int], float]) -> Audit:
-        """Set a FLOPs formula (a :class:`~pytest_attncost.conventions.Formula`, or a function ``n -> FLOPs`` of one
-        sequence) beside this forward pass's count, and name the terms it differs by; a :class:`Sweep`'s ``audit``
+    def audit(self, formula: Formula | Callable[..., float]) -> Audit:
+        """Set a FLOPs formula (a :class:`~pytest_attncost.conventions.Formula`, or a function ``n -> FLOPs`` or
+        ``(spec, n) -> FLOPs`` of one sequence) beside this forward pass's count, and name the terms it differs by; a :class:`Sweep`'s ``audit``
         does it over several lengths, which tell linear terms from quadratic ones.
 
         Raises:

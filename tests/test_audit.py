@@ -96,6 +96,18 @@ def test_a_formula_per_token_in_mac_and_the_head_left_out(counted):
     assert [term for term, _ in result.terms] == ["the output head (n·V·D) left out"]
 
 
+def test_a_formula_of_the_spec_and_n(counted):
+    def from_spec(spec: ModelSpec, n: int) -> int:  # what a config-driven FLOPs helper looks like
+        width = spec.heads * spec.head_dim
+        proj = n * spec.layers * (2 * spec.hidden * width + 2 * spec.hidden * spec.g * spec.head_dim)
+        core = spec.layers * 2 * width * n * (n + 1) // 2
+        return 2 * (proj + n * spec.layers * 3 * spec.hidden * spec.ffn_dim + core + n * V * spec.hidden)
+
+    assert counted.audit(from_spec).ok
+    with pytest.raises(ValueError, match="takes \\(spec, n\\), and the profile has no spec"):
+        audit(from_spec, [(16, 1, 0, 0)], None)
+
+
 def test_a_difference_of_no_known_form_is_said_to_be_so(counted):
     result = counted.audit(Formula(lambda n: correct(n) + 2 * 7 * n, vocab=V))
     assert not result.ok and result.terms is None
