@@ -22,7 +22,7 @@ from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["DEVICES", "DTYPES", "Device", "device", "peak_flops", "this_cpu"]
+__all__ = ["DEVICES", "DTYPES", "Device", "Roof", "device", "peak_flops", "this_cpu"]
 
 #: dtype names as torch spells them -> the table's
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8", "float64": "fp64"}
@@ -55,6 +55,28 @@ class Device:
     def bound(self, flops: float, moved: float, dtype: str) -> str:
         """``"compute"`` or ``"memory"``: which side of the ridge the arithmetic intensity falls."""
         return "compute" if moved == 0 or flops / moved >= self.ridge(dtype) else "memory"
+
+
+@dataclass(frozen=True)
+class Roof:
+    """One part on a device's roofline: its FLOPs, the bytes its products read and write, the time the slower of
+    the two takes at the device's peak and bandwidth, and which it is (``"compute"`` or ``"memory"``)."""
+
+    part: str
+    flops: int
+    weight_bytes: int
+    activation_bytes: int
+    seconds: float
+    bound: str
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.activation_bytes
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte moved."""
+        return self.flops / self.bytes if self.bytes else math.inf
 
 
 T = 1e12

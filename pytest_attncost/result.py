@@ -34,28 +34,6 @@ CAUSAL = ("full", "half", "kept")
 
 
 @dataclass(frozen=True)
-class Roof:
-    """One part on a device's roofline: its FLOPs, the bytes its products read and write, the time the slower of
-    the two takes at the device's peak and bandwidth, and which it is (``"compute"`` or ``"memory"``)."""
-
-    part: str
-    flops: int
-    weight_bytes: int
-    activation_bytes: int
-    seconds: float
-    bound: str
-
-    @property
-    def bytes(self) -> int:
-        return self.weight_bytes + self.activation_bytes
-
-    @property
-    def intensity(self) -> float:
-        """FLOP per byte moved."""
-        return self.flops / self.bytes if self.bytes else math.inf
-
-
-@dataclass(frozen=True)
 class Profile:
     """One counted forward pass, in MACs, split the article's way.
 
@@ -265,7 +243,7 @@ class Profile:
             raise ValueError(f"{self.name}: a formula is audited against a forward pass, not mode {self.mode!r}")
         return audit(formula, [(self.n, self.total, self.attention_core, self.other)], self.spec, self.batch)
 
-    def roofline(self, device: str = "h100-sxm", dtype: str | None = None) -> list[Roof]:
+    def roofline(self, device: str = "h100-sxm", dtype: str | None = None) -> list[devices.Roof]:
         """Each part's FLOPs, bytes, arithmetic intensity and roofline time on *device* (a name of
         :data:`~pytest_attncost.devices.DEVICES`, or ``"cpu"``: this machine, measured), with its verdict, and
         the whole forward last (``"total"``). *dtype*: the peak to use (default: the profile's own dtype).
@@ -282,8 +260,8 @@ class Profile:
             weights, activations = (map(sum, zip(*self.moved.values())) if part == "total"
                                     else self.moved.get(part, (0, 0)))
             moved = weights + activations
-            rows.append(Roof(part, 2 * macs, weights, activations, found.seconds(2 * macs, moved, dtype),
-                             found.bound(2 * macs, moved, dtype) if macs or moved else "-"))
+            rows.append(devices.Roof(part, 2 * macs, weights, activations, found.seconds(2 * macs, moved, dtype),
+                                     found.bound(2 * macs, moved, dtype) if macs or moved else "-"))
         return rows
 
     def check_formula(self, rtol: float = 0.01) -> None:
