@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -140,9 +141,10 @@ class Formula:
             raise ValueError(f"formula {self.name} takes (spec, n), and the profile has no spec: pass spec= to "
                              "profile(), or bind the shape in a function of n")
         value = self.function(spec, n) if self.takes_spec else self.function(n)
-        if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Rational | numbers.Real) or not math.isfinite(value):
             raise ValueError(f"formula {self.name}({n}) returned {value!r}, not a number of {self.unit}")
-        per_sequence = Fraction(value) * (n if self.per == "token" else 1)
+        per_sequence = Fraction(value if isinstance(value, numbers.Rational) else float(value)) * (
+            n if self.per == "token" else 1)
         return per_sequence * batch / (2 if self.unit == "FLOP" else 1)
 
 
@@ -172,9 +174,9 @@ class Audit:
         at = ", ".join(f"{n:,}" for n, _, _ in self.rows)
         if self.ok:
             return f"formula {self.formula} agrees with the count at n = {at} (tolerance {self.tolerance:g})"
-        n, claimed, counted = max(self.rows, key=lambda row: abs(row[1] - row[2]) / row[2])
+        n, claimed, counted = max(self.rows, key=lambda row: abs(row[1] - row[2]) / max(row[2], 1))
         head = (f"formula {self.formula} gives {float(claimed):,.0f} MAC at n={n:,} where the count is {counted:,} "
-                f"({float((claimed - counted) / counted):+.2%}; tolerance {self.tolerance:g})")
+                f"({float((claimed - counted) / max(counted, 1)):+.2%}; tolerance {self.tolerance:g})")
         if self.terms is None:
             return (f"{head}; the difference at n = {at} is none of the known terms (causal halving, the n² core, "
                     "the other part, the output head or an embedding as n·V·D, a gated FFN's third matrix, grouped-query attention, "

@@ -122,13 +122,13 @@ def peak_flops(peak: str | float) -> tuple[float, str]:
     return found.peak(dtype), f"{found.name} {dtype}'s {found.peak(dtype) / T:.4g} TFLOP/s"
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def this_cpu(size: int = 1024, repeats: int = 5) -> Device:
     """This machine's float32 matrix-product FLOP/s and copy bandwidth (bytes read and written per second),
     best of *repeats*, with torch's threads as they are set."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    a, b = torch.full((size, size), 0.5), torch.full((size, size), 0.25)  # no random numbers: the user's RNG stays
     big = torch.empty(64 * 2**20 // 4)  # 64 MiB: past the caches
     out = torch.empty_like(big)
     best_product, best_copy = math.inf, math.inf

@@ -542,18 +542,33 @@ def sliding_spec(model: nn.Module) -> tuple[int | None, int]:
     return int(windows[0] or 0), len(sliding)
 
 
+def _text_config(model: nn.Module) -> Any:
+    """The config of the model's text decoder (a multimodal wrapper's own config holds no layers)."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    try:
+        return text(decoder=True) if callable(text) else config
+    except Exception:  # noqa: BLE001 - a config of the user's: its own config, then
+        return config
+
+
+def _size(value: Any) -> int | None:
+    """A window or chunk size: a positive int (transformers takes 0 or None for none)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _local_per_layer(config: Any) -> list[tuple[str, int] | None]:
     """Each layer's local attention from the config, as the library builds its masks: ``("window", W)`` (a
     sliding window, GPT-Neo's local layers), ``("chunk", c)`` (Llama-4's chunks) or None (full causal)."""
-    types, window = getattr(config, "layer_types", None), getattr(config, "sliding_window", None)
-    chunk = getattr(config, "attention_chunk_size", None)
+    types, window = getattr(config, "layer_types", None), _size(getattr(config, "sliding_window", None))
+    chunk = _size(getattr(config, "attention_chunk_size", None))
     if not isinstance(types, list):
-        kinds, size = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
-        if isinstance(kinds, list) and isinstance(size, int):  # GPT-Neo
+        kinds, size = getattr(config, "attention_layers", None), _size(getattr(config, "window_size", None))
+        if isinstance(kinds, list) and size is not None:  # GPT-Neo
             return [("window", size) if kind == "local" else None for kind in kinds]
         layers = getattr(config, "num_hidden_layers", None)
         # no layer types: a window applies to every layer (Mistral), as transformers' own caches read it
-        return [("window", window)] * layers if isinstance(window, int) and isinstance(layers, int) else []
+        return [("window", window)] * layers if window is not None and isinstance(layers, int) else []
     sizes = {"sliding_attention": ("window", window), "chunked_attention": ("chunk", chunk)}
     per_layer: list[tuple[str, int] | None] = []
     for kind, size in (sizes.get(t, ("", None)) for t in types):
@@ -564,7 +579,7 @@ def _local_per_layer(config: Any) -> list[tuple[str, int] | None]:
 def local_layers(model: nn.Module) -> dict[str, tuple[str, int]]:
     """Module name -> ``(kind, tokens)`` for the modules of the layers that attend locally (those that carry their
     layer's index, ``layer_idx`` or GPT-Neo's ``layer_id``): what ``causal="kept"`` counts them with."""
-    per_layer = _local_per_layer(getattr(model, "config", None))
+    per_layer = _local_per_layer(_text_config(model))
     found = {}
     for name, module in model.named_modules():
         index = getattr(module, "layer_idx", getattr(module, "layer_id", None))
@@ -577,7 +592,7 @@ def local_layers(model: nn.Module) -> dict[str, tuple[str, int]]:
 def local_attention(model: nn.Module) -> list[tuple[str, int, int]]:
     """(kind, tokens, layers) of the layers that attend locally: ``"window"`` (sliding-window layers, GPT-Neo's
     local ones) and ``"chunk"`` (Llama-4's chunked attention). Empty where the config says of none."""
-    layers = collections.Counter(local for local in _local_per_layer(getattr(model, "config", None)) if local)
+    layers = collections.Counter(local for local in _local_per_layer(_text_config(model)) if local)
     return [(kind, tokens, count) for (kind, tokens), count in layers.items()]
 
 

@@ -259,6 +259,9 @@ def kept_pairs(n: int, window: int | None = None, chunk: int | None = None) -> i
     """The query-key pairs a causal mask keeps among ``n`` tokens: ``n(n+1)/2``; within a sliding window of ``W``
     tokens (query i sees keys ``i-W < j <= i``: Mistral, Gemma-2's local layers, GPT-Neo's) ``Σ min(i+1, W)``;
     within chunks of ``c`` tokens (Llama-4) each chunk's own triangle."""
+    for name, size in (("window", window), ("chunk", chunk)):
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+            raise ValueError(f"kept_pairs: {name} must be a positive int or None, got {size!r}")
     if chunk is not None:
         whole, rest = divmod(n, chunk)
         return whole * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
@@ -279,6 +282,8 @@ def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None
     """
     _check_length("n", n)
     _check_length("batch", batch)
+    if causal not in ("full", "half", "kept"):
+        raise ValueError(f"causal must be 'full', 'half' or 'kept', got {causal!r}")
     # scores: [b, h, n, d] @ [b, h, d, n]; output: [b, h, n, n] @ [b, h, n, d]
     pairs = n * n if causal == "full" else kept_pairs(n, window if causal == "kept" else None)
     core = 2 * batch * spec.heads * pairs * spec.head_dim

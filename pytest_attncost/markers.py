@@ -307,9 +307,19 @@ def _formula_share(profile: Profile, part: str) -> str:
 def check_bounds(bounds: Bounds, profile: Profile, unit: str = "mac") -> list[str]:
     """Every bound *profile* breaks, as one readable line each."""
     where = f"at n={profile.n}" + (f", batch={profile.batch}" if profile.batch != 1 else "")
-    audited = profile.audit(bounds.audit) if bounds.audit is not None and profile.mode == "forward" else None
     return [*_share_problems(bounds, profile, where), *_count_problems(bounds, profile, unit, where),
-            *_shape_problems(bounds, profile, where), *([str(audited)] if audited and not audited.ok else [])]
+            *_shape_problems(bounds, profile, where), *_audit_problems(bounds.audit, profile.audit, where)]
+
+
+def _audit_problems(formula: Formula | None, audit: Callable[[Formula], Any], where: str) -> list[str]:
+    """The formula's disagreement with the count, or why it could not be audited, as problem lines."""
+    if formula is None:
+        return []
+    try:
+        audited = audit(formula)
+    except ValueError as exc:  # a formula that returns no number, a decode step, a train-mode sweep
+        return [f"audit={formula.name}: {exc} {where}"]
+    return [] if audited.ok else [str(audited)]
 
 
 def _share_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
@@ -386,9 +396,10 @@ NO_SWEEP = "crossover bounds need a sweep: call attncost.sweep(model, [n1, n2, .
 
 def check_sweep(bounds: Bounds, sweep: Sweep) -> list[str]:
     """Every crossover bound *sweep* breaks, and the formula it audits where it disagrees over the lengths."""
-    audited = sweep.audit(bounds.audit) if bounds.audit is not None and len(sweep) > 1 else None
-    if audited is not None and not audited.ok:
-        return [f"sweep of {sweep.name}: {audited}", *check_sweep(dataclasses.replace(bounds, audit=None), sweep)]
+    if bounds.audit is not None and len(sweep) > 1:
+        audited = _audit_problems(bounds.audit, sweep.audit, f"(sweep of {sweep.name} over n={sweep.lengths})")
+        return [f"sweep of {sweep.name}: {problem}" for problem in audited] + check_sweep(
+            dataclasses.replace(bounds, audit=None), sweep)
     if not bounds.has_sweep_bounds:
         return []
     name = sweep.name

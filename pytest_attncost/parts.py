@@ -112,8 +112,9 @@ def split(
         if part == "attention_core" and causal_modules is not None:
             macs = _counted_core(record, causal_modules, bidirectional, local or {}, result)
         setattr(result, part, getattr(result, part) + macs)
-        weights, activations = result.moved.get(part, (0, 0))
-        result.moved[part] = (weights + record.moved[0], activations + record.moved[1])
+        if is_product(record.op) or is_fused(record.op):  # a norm's record holds only its output
+            weights, activations = result.moved.get(part, (0, 0))
+            result.moved[part] = (weights + record.moved[0], activations + record.moved[1])
         if part == "ffn" and record.scope in routers:
             result.ffn_router += macs
         if structure is None or part == "other":

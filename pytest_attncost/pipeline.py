@@ -66,10 +66,12 @@ FOLDED_NOTE = ("the attention ran {sequences} sequences of {n} tokens for a batc
                "into its batch), which the formulas, one sequence per input, do not describe; pass spec= to compare")
 DECODE_HALF_NOTE = ("causal='{causal}' does not apply to a decode step: its queries attend to every cached key, and the "
                     "core is counted as the kernel runs it")
-CHUNK_HALF_WARNING = ("causal='half': {layers} layer(s) attend within chunks of {chunk} tokens, which keep fewer "
-                      "query-key pairs than the n(n+1)/2 counted; causal='kept' counts the pairs they keep")
-WINDOW_HALF_WARNING = ("causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
-                       "fewer query-key pairs than the n(n+1)/2 counted; causal='kept' counts the pairs it keeps")
+CHUNK_HALF_WARNING = ("causal='{causal}': {layers} layer(s) attend within chunks of {chunk} tokens, which keep fewer "
+                      "query-key pairs than the n(n+1)/2 counted; {fix}")
+WINDOW_HALF_WARNING = ("causal='{causal}': {layers} layer(s) attend within a sliding window of {window} tokens, which "
+                       "keeps fewer query-key pairs than the n(n+1)/2 counted; {fix}")
+KEPT_FIXES = {"half": "causal='kept' counts the pairs they keep",
+              "kept": "no module carries their layer's index (layer_idx), so they could not be told apart"}
 HYBRID_NOTE = ("{bare} layer(s) run no attention beside {layers} that do (a hybrid of attention and state-space or "
                "recurrent layers), and the cost model puts attention in every layer; pass spec= for the attention layers")
 REAL_NOTE = ("counted on real tensors (the torch backend's last resort): the inputs' values chose the "
@@ -273,7 +275,8 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         for kind, tokens, count in families.local_attention(target):
             if n > tokens:
                 template = WINDOW_HALF_WARNING if kind == "window" else CHUNK_HALF_WARNING
-                warnings.append(template.format(layers=count, window=tokens, chunk=tokens))
+                warnings.append(template.format(layers=count, window=tokens, chunk=tokens, causal=options.causal,
+                                                fix=KEPT_FIXES[options.causal]))
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
 
 

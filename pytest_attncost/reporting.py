@@ -310,7 +310,7 @@ def time_lines(rows: Sequence[Row]) -> list[str]:
                      f"MACs, {t['attention_time_share']:.3f}{plus} of time; forward "
                      f"{t['seconds']['forward'] * 1000:.1f} ms on {t.get('device_name') or t.get('device')} "
                      f"({t['repeats']} repeats)")
-        if t.get("device") == "cpu" and t.get("dtype") == "float32" and row.profile.moved:
+        if t.get("device") == "cpu" and t.get("dtype") == row.profile.dtype == "float32" and row.profile.moved:
             roofs = row.profile.roofline("cpu")
             lines.append(f"{row.where}: roofline of {devices.this_cpu().name}, predicted / measured: " + ", ".join(
                 f"{'forward' if r.part == 'total' else r.part} {format_seconds(r.seconds)} / "

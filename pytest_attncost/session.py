@@ -132,10 +132,12 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
     keys_seen: set[RowKey] = set()
     profiles = item.stash.get(PROFILES_KEY, [])
     timings = {id(t.profile): t for t in item.stash.get(TIMINGS_KEY, [])}
-    if bounds is not None and bounds.audit is not None and item.stash.get(SWEEPS_KEY, []):
-        bounds = dataclasses.replace(bounds, audit=None)  # audited over the sweeps' lengths (check_sweep)
+    # a profile of a sweep of several lengths is audited with them (check_sweep), not alone
+    swept = {id(p) for made in item.stash.get(SWEEPS_KEY, []) if len(made) > 1 for p in made}
+    alone = dataclasses.replace(bounds, audit=None) if bounds is not None else None
     for result in profiles:
-        found = check_bounds(bounds, result, settings.unit) if bounds is not None else []
+        own = alone if id(result) in swept else bounds
+        found = check_bounds(own, result, settings.unit) if own is not None else []
         if settings.strict and result.skipped_matmul_ops:
             ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
             found.append(STRICT_MESSAGE.format(ops=ops))

@@ -220,3 +220,44 @@ def test_the_marker_fails_with_the_named_error_and_passes_the_correct_formula(pr
         "(+*%; tolerance 0): causal attention not halved: the n×n product, where the count keeps the n(n+1)/2 "
         "pairs (+126,976 MAC)",
     ])
+
+
+def test_the_marker_audits_a_single_length_sweep_and_a_lone_profile_and_keeps_a_skip(project):
+    project.makepyfile(test_more_formulas="""
+        import pytest
+        from tiny_models import llama_like
+
+        def zero(n):
+            return 0
+
+        def nothing(n):
+            return None
+
+        @pytest.mark.attncost(audit=zero)
+        def test_one_length(attncost):
+            attncost.sweep(llama_like, [16])
+
+        @pytest.mark.attncost(audit=zero)
+        def test_beside_a_sweep(attncost):
+            attncost.sweep(llama_like, [16, 32])
+            attncost.profile(llama_like, 24)
+
+        @pytest.mark.attncost(n=16, audit=nothing)
+        def test_skipped(attncost):
+            attncost.profile(llama_like)
+            pytest.skip("the body's own outcome")
+
+        @pytest.mark.attncost(n=16, audit=nothing)
+        def test_no_number(attncost):
+            attncost.profile(llama_like)
+    """)
+    result = project.runpytest("-p", "no:randomly", "-rfs")
+    result.assert_outcomes(failed=3, skipped=1)
+    result.stdout.fnmatch_lines([
+        "attncost: *formula zero gives 0 MAC at n=16 where the count is *",  # a sweep of one length, alone
+        # beside a sweep of two lengths, a lone profile is audited alone and the sweep over its lengths
+        "  LlamaModel: formula zero gives 0 MAC at n=24 where the count is *",
+        "  sweep of LlamaModel: formula zero gives 0 MAC at n=16 where the count is *; the difference at n = 16, 32 *",
+        "*audit=nothing: formula nothing(16) returned None, not a number of FLOP at n=16*",
+        "SKIPPED * the body's own outcome",
+    ])

@@ -399,7 +399,7 @@ def test_causal_half_under_a_sliding_window_says_the_window_keeps_fewer_pairs(wi
                 n, batch=b, causal="half")
     assert p.attention_core == layers * b * h * (n * (n + 1) // 2) * 2 * d
     expected = (f"causal='half': {layers} layer(s) attend within a sliding window of {window} tokens, which keeps "
-                "fewer query-key pairs than the n(n+1)/2 counted; causal='kept' counts the pairs it keeps",)
+                "fewer query-key pairs than the n(n+1)/2 counted; causal='kept' counts the pairs they keep",)
     assert p.warnings == (expected if warned else ())
 
 
@@ -440,6 +440,27 @@ def test_causal_half_under_chunked_attention_says_the_chunks_keep_fewer_pairs() 
     assert p.attention_core == layers * b * h * (n * (n + 1) // 2) * 2 * d
     assert ("causal='half': 3 layer(s) attend within chunks of 8 tokens, which keep fewer query-key pairs than the "
             "n(n+1)/2 counted; causal='kept' counts the pairs they keep") in p.warnings
+
+
+def test_kept_pairs_refuses_a_window_of_no_size() -> None:
+    for size in (0, -4, True, 2.5):
+        with pytest.raises(ValueError, match="must be a positive int or None"):
+            formulas.kept_pairs(16, window=size)
+        with pytest.raises(ValueError, match="must be a positive int or None"):
+            formulas.kept_pairs(16, chunk=size)
+    with pytest.raises(ValueError, match="causal must be 'full', 'half' or 'kept', got 'halved'"):
+        formulas.attention_core(ModelSpec(hidden=64, heads=4, head_dim=16, layers=2, ffn_dim=96), 16, causal="halved")
+
+
+def test_local_layers_are_read_from_a_wrappers_text_config() -> None:
+    from transformers import Gemma3Config, Gemma3TextConfig
+
+    from pytest_attncost import families
+
+    text = Gemma3TextConfig(num_hidden_layers=6, sliding_window=16)  # five local layers to one global
+    wrapper = nn.Module()
+    wrapper.config = Gemma3Config(text_config=text.to_dict())
+    assert families.local_attention(wrapper) == [("window", 16, 5)]
 
 
 def test_kept_pairs_by_hand() -> None:

@@ -204,3 +204,12 @@ def test_llama_2_7b_prefill_at_4096_is_compute_bound_on_an_h100(llama_2_7b_bf16)
     total = profile(llama_2_7b_bf16, 4096).roofline("h100-sxm")[-1]
     assert total.intensity > 1000 and total.bound == "compute"
     assert total.seconds == total.flops / (989.4 * T)
+
+
+def test_norms_write_no_bytes_only_products_do():
+    from pytest_attncost import profile
+    from tiny_models import HIDDEN, bert_like
+
+    p = profile(bert_like, 16)
+    # other: the pooler's one product, [1, D] @ [D, D] -> [1, D] in float32; the LayerNorms' outputs are not in
+    assert p.moved["other"] == (HIDDEN * HIDDEN * 4, 2 * HIDDEN * 4)
