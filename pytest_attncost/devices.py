@@ -22,7 +22,7 @@ from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["DEVICES", "DTYPES", "Device", "Roof", "device", "peak_flops", "this_cpu"]
+__all__ = ["DEVICES", "DTYPES", "Device", "Roof", "check_peak", "device", "peak_flops", "this_cpu"]
 
 #: dtype names as torch spells them -> the table's
 DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8", "float64": "fp64"}
@@ -107,17 +107,35 @@ def device(name: str) -> Device:
     return DEVICES[name]
 
 
-def peak_flops(peak: str | float) -> tuple[float, str]:
-    """(FLOP/s, its name) of ``"<device>-<dtype>"`` (``"h100-sxm-bf16"``, ``"cpu-fp32"``) or a number of FLOP/s."""
-    if not isinstance(peak, str):
-        if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not math.isfinite(peak) or peak <= 0:
-            raise ValueError(f"peak must be a device such as 'h100-sxm-bf16' or a positive number of FLOP/s, "
-                             f"got {peak!r}")
-        return float(peak), f"a peak of {peak:.4g} FLOP/s"
+def _named(peak: str) -> tuple[str, str]:
+    """(device, dtype) of ``"<device>-<dtype>"``, checked against the table (this CPU: float32, not measured)."""
     name, _, dtype = peak.rpartition("-")
     if not name:
         raise ValueError(f"peak {peak!r} names no dtype: give '<device>-<dtype>' such as 'h100-sxm-bf16'; devices: "
                          f"{', '.join([*DEVICES, 'cpu'])}")
+    if name == "cpu" and DTYPES.get(dtype, dtype) != "fp32":
+        raise ValueError("this CPU's peak is measured in float32 only: peak='cpu-fp32'")
+    if name != "cpu":
+        device(name).peak(dtype)
+    return name, dtype
+
+
+def check_peak(peak: object) -> str | float:
+    """*peak* as a marker keeps it, checked (``"cpu-fp32"`` is measured when it is used, not here)."""
+    if isinstance(peak, str):
+        _named(peak)
+        return peak
+    if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not math.isfinite(peak) or peak <= 0:
+        raise ValueError(f"peak must be a device such as 'h100-sxm-bf16' or a positive number of FLOP/s, got {peak!r}")
+    return float(peak)
+
+
+def peak_flops(peak: str | float) -> tuple[float, str]:
+    """(FLOP/s, its name) of ``"<device>-<dtype>"`` (``"h100-sxm-bf16"``, ``"cpu-fp32"``) or a number of FLOP/s."""
+    checked = check_peak(peak)
+    if not isinstance(checked, str):
+        return checked, f"a peak of {checked:.4g} FLOP/s"
+    name, dtype = _named(checked)
     found = device(name)
     return found.peak(dtype), f"{found.name} {dtype}'s {found.peak(dtype) / T:.4g} TFLOP/s"
 

@@ -50,6 +50,7 @@ __all__ = [
     "spec_from_config",
     "spec_of",
     "windowed_spec",
+    "with_window",
 ]
 
 # transformers families whose MLP is gated (gate, up and down projections).
@@ -598,7 +599,12 @@ def local_attention(model: nn.Module) -> list[tuple[str, int, int]]:
 
 def windowed_spec(spec: ModelSpec, model: nn.Module) -> ModelSpec:
     """*spec* with the sliding window the model's KV cache keeps (unchanged when it keeps none)."""
-    window, layers = sliding_spec(model)
+    return with_window(spec, *sliding_spec(model))
+
+
+def with_window(spec: ModelSpec, window: int | None, layers: int) -> ModelSpec:
+    """*spec* with a sliding window of *window* tokens in *layers* of its layers (unchanged without a window, or
+    when it has one already)."""
     if window is None or spec.sliding_window is not None:
         return spec
     return dataclasses.replace(spec, sliding_window=window, sliding_layers=None if layers == spec.layers else layers)

@@ -206,13 +206,10 @@ def _formula(name: str, value: object) -> Formula:
 
 
 def _peak(name: str, value: object) -> str | float:
-    try:  # "cpu" is measured when the bound is checked, not while the marker is read
-        devices.peak_flops(1.0 if isinstance(value, str) and value.startswith("cpu-") else value)  # type: ignore[arg-type]
+    try:
+        return devices.check_peak(value)
     except ValueError as exc:
         raise MarkerError(f"{name}: {exc}") from None
-    if isinstance(value, str) and value.startswith("cpu-") and value != "cpu-fp32":
-        raise MarkerError(f"{name}: this CPU's peak is measured in float32 only: peak='cpu-fp32'")
-    return value if isinstance(value, str) else float(value)  # type: ignore[arg-type]
 
 
 def _mode(name: str, value: object) -> str:

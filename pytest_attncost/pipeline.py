@@ -151,9 +151,7 @@ def _kept_spec(spec: ModelSpec, local: list[tuple[str, int, int]]) -> tuple[Mode
     if len(local) != 1 or local[0][0] != "window":
         return None, "the formulas describe one sliding window, not chunked attention or several windows"
     _, window, layers = local[0]
-    if spec.sliding_window is not None:
-        return spec, None
-    return dataclasses.replace(spec, sliding_window=window, sliding_layers=None if layers == spec.layers else layers), None
+    return families.with_window(spec, window, layers), None
 
 
 def run(target: nn.Module, model_name: str, spec: ModelSpec | None, spec_note: str | None, spec_read: bool,

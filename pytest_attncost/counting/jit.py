@@ -200,7 +200,8 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
         if not isinstance(macs, Number):
             raise CountError(f"the handle for {op} returned {value!r}, not a number")
         operands = _operands(op, inputs)
-        origins = {ctx.origin_of(v) for v in operands if v.type().kind() == "TensorType"}
+        each = [(v, ctx.origin_of(v)) for v in operands if v.type().kind() == "TensorType"]
+        origins = {found for _, found in each}
         origin = "param" if "param" in origins else "buffer" if "buffer" in origins else "activation"
         shapes = tuple(
             tuple(_shape(v)) for v in operands if v.type().kind() == "TensorType" and v.isCompleteTensor()
@@ -213,8 +214,7 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
             mask = ctx.masks.label(op, inputs, outputs, operands)
         product = is_product(op) or op in SDPA_OPS
         sources = tuple(ctx.sources([v]) for v in operands if v.type().kind() == "TensorType") if product else ()
-        weights = sum(math.prod(_shape(v)) for v in operands
-                      if v.type().kind() == "TensorType" and v.isCompleteTensor() and ctx.origin_of(v) == "param")
+        weights = sum(math.prod(_shape(v)) for v, found in each if found == "param" and v.isCompleteTensor())
         ctx.records.append(OpRecord(
             op=op, scope=_scope_of(out.node()), macs=count, origin=origin, shapes=shapes, out_shape=out_shape,
             mask=mask, sources=sources, weights=weights,
