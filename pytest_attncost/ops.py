@@ -10,6 +10,7 @@ Names are the dispatcher's, ``aten::mm``; short names (``mm``) are what views ar
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -266,9 +267,9 @@ class OpRecord:
         result = math.prod(self.out_shape) if self.out_shape else 0
         return self.weights, sum(math.prod(shape) for shape in self.shapes) - self.weights + result
 
-    @property
+    @functools.cached_property
     def fed_by(self) -> frozenset[int]:
-        """The products whose results reach any of its operands."""
+        """The products whose results reach any of its operands (made once: the split asks it often)."""
         return frozenset(i for operand in self.sources for i in operand)
 
 

@@ -30,6 +30,7 @@ the module and the MACs. The user's ``roles=`` replaces the detection: then a mo
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -122,9 +123,27 @@ class Flow:
     def params(self, indices: Iterable[int]) -> list[int]:
         """The parameter products among *indices* that multiply a matrix (a product of vectors with a parameter
         vector makes a table, rotary's positions x frequencies, not a projection)."""
+        return [i for i in indices if i in self.matrices]
+
+    @functools.cached_property
+    def matrices(self) -> dict[int, None]:
+        """The parameter products that multiply a matrix, in graph order (see :meth:`params`)."""
         records = self.records
-        return [i for i in indices if i in self.consumers and records[i].origin == "param" and i not in self.group_of
-                and not _table(records[i])]
+        return dict.fromkeys(i for i in self.products if records[i].origin == "param" and i not in self.group_of
+                             and not _table(records[i]))
+
+    @functools.cached_property
+    def under(self) -> dict[str, list[int]]:
+        """Module -> the products that run inside it (the root ``""`` holds them all), in graph order."""
+        found: dict[str, list[int]] = {}
+        for i in self.products:
+            for module in ancestors(self.records[i].scope):
+                found.setdefault(module, []).append(i)
+        return found
+
+    def holders(self, indices: Iterable[int]) -> frozenset[str]:
+        """The modules that hold any of the products *indices* (their scopes and every module enclosing them)."""
+        return frozenset(module for i in indices for module in ancestors(self.records[i].scope))
 
 
 def _table(record: OpRecord) -> bool:
@@ -160,35 +179,39 @@ class Projections:
 
 
 def _projections(flow: Flow, group: list[int], allowed: frozenset[int] | None) -> Projections:
-    """The projections of the attention call *group*, among the products *allowed* (None: any)."""
+    """The projections of the attention call *group*, among the products *allowed* (None: any).
+
+    Only the products around the call are looked at (what reaches its cores, what their results reach), so
+    finding every call's projections costs time in proportion to the model, not to its square."""
     def ok(i: int) -> bool:
         return allowed is None or i in allowed
 
+    records = flow.records
     cores = set(group)
-    entry = [i for i in flow.params({s for c in group for s in flow.records[c].fed_by}) if ok(i)]
+    entry = [i for i in flow.params(sorted({s for c in group for s in records[c].fed_by})) if ok(i)]
     found = set(entry)
     inner: list[int] = []
-    grew = True
-    while grew:  # products that feed only projections of this call are projections (low-rank chains)
-        grew = False
-        for i in flow.params(flow.products):
+    frontier = list(entry)
+    while frontier:  # products that feed only projections of this call are projections (low-rank chains)
+        for i in flow.params(sorted(records[frontier.pop()].fed_by)):
             users = flow.consumers[i]
             if i not in found and ok(i) and users and all(u in found or u in cores for u in users):
                 found.add(i)
                 inner.append(i)
-                grew = True
+                frontier.append(i)
     out: list[int] = []
-    for i in flow.params(flow.products) if entry else ():  # no projection in: no guess at the one out
-        sources = set(flow.records[i].fed_by)
-        if i in found or not ok(i) or not sources & cores:
+    results = sorted({u for c in group for u in flow.consumers[c]}) if entry else []  # no projection in: no guess
+    for i in flow.params(results):
+        sources = records[i].fed_by
+        if i in found or not ok(i):
             continue
-        beside = sources - set(flow.group_of)  # a gate beside the result (Qwen3-Next): feeding only this one
-        if all(s in flow.consumers and flow.records[s].origin == "param" and flow.consumers[s] == [i] and ok(s)
+        beside = {s for s in sources if s not in flow.group_of}  # a gate beside the result (Qwen3-Next): feeding only this one
+        if all(s in flow.consumers and records[s].origin == "param" and flow.consumers[s] == [i] and ok(s)
                for s in beside):
             out.append(i)
             out += [s for s in beside if s not in found]
             found.update(beside)
-    return Projections(tuple(entry), tuple(inner), tuple(dict.fromkeys(out)))
+    return Projections(tuple(entry), tuple(sorted(inner)), tuple(dict.fromkeys(out)))
 
 
 def _cross(flow: Flow, projections: Projections) -> bool:
@@ -231,12 +254,17 @@ class Structure:
 
     def layer_of(self, scope: str) -> str | None:
         """The layer *scope* runs in (through its members too), or None."""
+        layers = self._layer_set
         for name in ancestors(scope):
             if name in self.members:
                 return self.members[name]
-            if name in self.layers:
+            if name in layers:
                 return name
         return None
+
+    @functools.cached_property
+    def _layer_set(self) -> frozenset[str]:
+        return frozenset(self.layers)
 
     def roles(self) -> dict[str, str]:
         """Module -> ``attention`` / ``ffn`` (the nearest wins): for the module table and timed ops."""
@@ -251,27 +279,23 @@ def _elements(scope: str, boxes: frozenset[str]) -> list[str]:
     return [a for a in ancestors(scope) if a and parent(a) in boxes]
 
 
-def _beside(module: str, flow: Flow, placed: set[int]) -> bool:
-    """Whether *module* holds a parameter product that is no projection or core (an FFN beside attention)."""
-    return any(within(flow.records[i].scope, module) for i in flow.params(flow.products) if i not in placed)
-
-
-def _layers(flow: Flow, homes: list[str], candidates: set[int], boxes: frozenset[str]) -> list[str | None]:
+def _layers(homes: list[str], beside: frozenset[str], boxes: frozenset[str]) -> list[str | None]:
     """Each attention call's layer: the innermost container element enclosing it that holds other parameter
-    products beside the projections; failing that (attention-only stacks) the outermost; None outside any.
-    Without any container element, the innermost module with such products, else the whole model."""
+    products beside the projections (*beside*: the modules that do); failing that (attention-only stacks) the
+    outermost; None outside any. Without any container element, the innermost module with such products, else
+    the whole model."""
     found: list[str | None] = []
     for home in homes:
         elements = _elements(home, boxes)
-        found.append(next((e for e in elements if _beside(e, flow, candidates)), elements[-1] if elements else None))
+        found.append(next((e for e in elements if e in beside), elements[-1] if elements else None))
     if homes and all(layer is None for layer in found):
-        found = [next((a for a in ancestors(home) if a != home and _beside(a, flow, candidates)), "") for home in homes]
+        found = [next((a for a in ancestors(home) if a != home and a in beside), "") for home in homes]
     return found
 
 
 def _small_mlp(element: str, flow: Flow) -> bool:
     """An element that is an FFN block: a few parameter products and no product of two activations."""
-    inside = [i for i in flow.products if within(flow.records[i].scope, element)]
+    inside = flow.under.get(element, [])
     return 0 < len(inside) <= 3 and all(flow.records[i].origin == "param" for i in inside)
 
 
@@ -280,40 +304,44 @@ def _index(name: str) -> tuple[int, str]:
     return (int(last), "") if last.isdigit() else (0, last)
 
 
-def _members(flow: Flow, layers: dict[str, None], boxes: frozenset[str], candidates: set[int],
+def _members(flow: Flow, layers: dict[str, None], boxes: frozenset[str], beside: frozenset[str],
              cross: dict[str, bool]) -> tuple[dict[str, str], list[str]]:
     """Blocks that belong to attention-only layers without being inside them, and the bare elements of hybrids.
 
     In a list whose attention layers hold nothing but attention (x-transformers keeps attention and FFN
     blocks apart in one list), an FFN block, or a block of cross-attention, joins the attention layer
     before it; in a list beside the layers' list (XLM's ``ffns`` beside ``attentions``), element i joins
-    layer i. Where the layers hold their own FFN, an element beside them that holds three products or more
-    and runs no core is a layer of another kind (a hybrid's state-space or recurrent layer): bare.
+    layer i. Where the layers hold their own FFN (*beside*: the modules holding products that are no
+    projection), an element beside them that holds three products or more and runs no core is a layer of
+    another kind (a hybrid's state-space or recurrent layer): bare.
     """
     members: dict[str, str] = {}
     bare: list[str] = []
-    scopes = [flow.records[i].scope for i in flow.products]
-    cores = [flow.records[i].scope for group in flow.groups for i in group]
+    under = flow.under
+    cores = flow.holders(i for group in flow.groups for i in group)
+
+    def children(module: str) -> list[str]:
+        scopes = {flow.records[i].scope for i in under.get(module, [])}
+        return sorted({_child(module, s) for s in scopes if s != module}, key=_index)
+
     for container in dict.fromkeys(parent(layer) for layer in layers if layer and parent(layer) in boxes):
         mine = sorted((layer for layer in layers if parent(layer) == container), key=_index)
-        children = sorted({_child(container, s) for s in scopes if within(s, container) and s != container},
-                          key=_index)
-        if any(_beside(layer, flow, candidates) for layer in mine):
-            bare += [e for e in children if e not in layers and not any(within(c, e) for c in cores)
-                     and sum(within(s, e) for s in scopes) >= 3]
+        elements = children(container)
+        if any(layer in beside for layer in mine):
+            bare += [e for e in elements if e not in layers and e not in cores and len(under.get(e, [])) >= 3]
             continue
         owner: str | None = None
-        for element in children:
+        for element in elements:
             if element in layers and not (cross.get(element) and owner is not None):
                 owner = element
             elif owner is not None and (element in layers or _small_mlp(element, flow)):
                 members[element] = owner
         for sibling in sorted(b for b in boxes if container and b != container and parent(b) == parent(container)):
-            elements = sorted({_child(sibling, s) for s in scopes if within(s, sibling) and s != sibling}, key=_index)
-            indices = [e.rpartition(".")[2] for e in elements]
-            if indices == [m.rpartition(".")[2] for m in mine] and not any(within(c, sibling) for c in cores) and all(
-                    sum(within(s, e) for s in scopes) >= 2 for e in elements):
-                members.update(zip(elements, mine))
+            others = children(sibling)
+            indices = [e.rpartition(".")[2] for e in others]
+            if indices == [m.rpartition(".")[2] for m in mine] and sibling not in cores and all(
+                    len(under.get(e, [])) >= 2 for e in others):
+                members.update(zip(others, mine))
     return members, bare
 
 
@@ -335,23 +363,26 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
     homes = [_common(records[i].scope for i in group) for group in flow.groups]
     found = [_projections(flow, group, None) for group in flow.groups]
     candidates = {i for p in found for i in p.all} | set(flow.group_of)
-    layer_of = _layers(flow, homes, candidates, boxes)
+    beside = flow.holders(i for i in flow.matrices if i not in candidates)  # modules with products beside attention
+    layer_of = _layers(homes, beside, boxes)
     layers = dict.fromkeys(layer for layer in layer_of if layer is not None)
     cross = {layer: all(_cross(flow, p) for p, at in zip(found, layer_of) if at == layer) for layer in layers}
-    members, bare = _members(flow, layers, boxes, candidates, cross)
+    members, bare = _members(flow, layers, boxes, beside, cross)
     layers = {layer: None for layer in layers if layer not in members}
     structure = Structure(layers=tuple(layers), members={m: members.get(o, o) for m, o in members.items()},
                           experts=dict(experts or {}), bare=tuple(bare))
-    inside = {i for i in flow.products if structure.layer_of(records[i].scope) is not None}
+    layer_at = {i: structure.layer_of(records[i].scope) for i in flow.products}
+    inside = {i for i, layer in layer_at.items() if layer is not None}
+    regions: dict[str | None, set[int]] = {}
+    for i, layer in layer_at.items():
+        regions.setdefault(layer, set()).add(i)
     projections: list[Projections] = []
     attention: dict[str, dict[str, None]] = {}
     outside: dict[str, None] = {}
     groups: list[tuple[str, tuple[int, ...]]] = []
     for group, home in zip(flow.groups, homes):
         layer = structure.layer_of(home)
-        region = frozenset(i for i in inside if structure.layer_of(records[i].scope) == layer) if layer is not None \
-            else frozenset(flow.products) - inside
-        mine = _projections(flow, group, region)
+        mine = _projections(flow, group, frozenset(regions.get(layer, ())))
         projections.append(mine)
         module = _common(records[i].scope for i in (*group, *mine.all))
         if layer is not None and not within(module, layer):
@@ -378,11 +409,12 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
         for i in mine.all:
             parts[i] = "attention_proj"
     placed = {i for p in projections for i in p.all}
+    bare = frozenset(structure.bare)
     block_ffn = _outside_ffn(flow, [i for i in flow.params(flow.products) if i not in inside and i not in placed], outs,
                              outputs)
     for i in flow.products:
         record = records[i]
-        if parts[i] != "other" or any(within(record.scope, b) for b in structure.bare):
+        if parts[i] != "other" or not bare.isdisjoint(ancestors(record.scope)):
             continue
         if i in inside:
             parts[i] = "other" if _table(record) else {"param": "ffn", "buffer": "other"}.get(record.origin, "unplaced")
