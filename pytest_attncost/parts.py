@@ -24,7 +24,7 @@ from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["PARTS", "Split", "explicit_roles", "outside_note", "split", "structure_warnings"]
+__all__ = ["PARTS", "Split", "explicit_roles", "outside_note", "split", "split_notes", "structure_warnings"]
 
 PARTS = ("attention_core", "attention_proj", "ffn", "other")
 
@@ -35,6 +35,10 @@ UNKNOWN_MASK_WARNING = ("{module}: causal='{causal}' asked for, but the mask of 
 
 OUTSIDE_NOTE = ("attention outside the repeated layers, counted as attention and left out of the formula's layers: "
                 "{modules}: core {core:,}, projections {proj:,}, FFN {ffn:,} MAC")
+
+
+CONDITIONING_NOTE = ("conditioning: products in the layers that run on the batch's conditioning (a timestep MLP, "
+                     "adaLN modulation), fewer rows than the tokens, counted as other: {modules}: {macs:,} MAC")
 
 
 #: Warnings on a profile: the cause, the module and the MACs concerned (see DECISIONS: plain strings).
@@ -75,6 +79,7 @@ class Split:
     causal: str = "full"  # the accounting asked for
     layer_ffn: dict[str, int] = field(default_factory=dict)  # layer -> its ffn MACs
     unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
+    conditioning: dict[str, int] = field(default_factory=dict)  # module -> MACs on the batch's conditioning (other)
     unknown_masks: dict[str, int] = field(default_factory=dict)  # module -> core MACs under a mask of unknown form
     outside: dict[str, int] = field(default_factory=dict)  # part -> MACs of attention blocks outside the layers
     moved: dict[str, tuple[int, int]] = field(default_factory=dict)  # part -> (weight, activation) elements
@@ -104,17 +109,22 @@ def split(
     experts = structure.experts if structure is not None else {}
     routers = {r.scope for i, r in enumerate(records) if experts and parts[i] == "ffn" and _router(r, experts)}
     layer_at: dict[str, str | None] = {}  # per scope: records share scopes, layers are per module
+    columns = structure.columns if structure is not None else {}
     for index, record in enumerate(records):
         part, macs = parts[index], record.macs
         if part == "unplaced":
             result.unplaced[record.scope] = result.unplaced.get(record.scope, 0) + macs
             part = "other"
+        elif part == "conditioning":
+            result.conditioning[record.scope] = result.conditioning.get(record.scope, 0) + macs
+            part = "other"
+        if index in columns and structure is not None:  # split by its columns: the first share placed below
+            (part, macs), *rest = columns[index]
+            _add_shares(result, structure, record, rest)
         if part == "attention_core" and causal_modules is not None:
             macs = _counted_core(record, causal_modules, bidirectional, local or {}, result)
         setattr(result, part, getattr(result, part) + macs)
-        if is_product(record.op) or is_fused(record.op):  # a norm's record holds only its output
-            weights, activations = result.moved.get(part, (0, 0))
-            result.moved[part] = (weights + record.moved[0], activations + record.moved[1])
+        _move(result, part, record, macs if index in columns else record.macs)
         if part == "ffn" and record.scope in routers:
             result.ffn_router += macs
         if structure is None or part == "other":
@@ -133,6 +143,28 @@ def split(
             inside = structure is None or module not in structure.outside
             (result.lengths if inside else result.outside_lengths).append(lengths)
     return result
+
+
+def _add_shares(result: Split, structure: Structure, record: OpRecord, shares: list[tuple[str, int]]) -> None:
+    """Add the *shares* of a record split by its columns to their parts (and an FFN share to its layer's FFN)."""
+    for part, macs in shares:
+        setattr(result, part, getattr(result, part) + macs)
+        _move(result, part, record, macs)
+        layer = structure.layer_of(record.scope)
+        if part == "ffn" and layer is not None:
+            result.layer_ffn[layer] = result.layer_ffn.get(layer, 0) + macs
+
+
+def _move(result: Split, part: str, record: OpRecord, macs: int) -> None:
+    """Add what *record* reads and writes to *part*'s bytes, in proportion to the *macs* of it placed there (a
+    record split by its columns moves its bytes in the same shares); a norm's record holds only its output."""
+    if not (is_product(record.op) or is_fused(record.op)):
+        return
+    weights, activations = result.moved.get(part, (0, 0))
+    read, written = record.moved
+    if macs != record.macs and record.macs:
+        read, written = read * macs // record.macs, written * macs // record.macs
+    result.moved[part] = (weights + read, activations + written)
 
 
 def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
@@ -234,6 +266,17 @@ def structure_warnings(parts: Split, structure: Structure | None, records: Seque
             found.append(BARE_WARNING.format(modules=shown, count=len(structure.bare), macs=macs))
     if parts.attention_modules and parts.attention_core == 0 and (spec is None or spec.heads):
         found.append(NO_CORE_WARNING.format(modules=", ".join(parts.attention_modules[:3])))
+    return found
+
+
+def split_notes(parts: Split, structure: Structure | None) -> list[str]:
+    """What the split placed outside the article's parts, with its MACs: attention outside the layers and the
+    products on the batch's conditioning."""
+    found = [note for note in (outside_note(parts, structure),) if note is not None]
+    if parts.conditioning:
+        modules = sorted(parts.conditioning)
+        shown = ", ".join(modules[:3]) + (", ..." if len(modules) > 3 else "")
+        found.append(CONDITIONING_NOTE.format(modules=shown, macs=sum(parts.conditioning.values())))
     return found
 
 

@@ -221,9 +221,7 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
     parts = parts_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional, setup.local)
     if setup.options.causal != "full" and decoding:
         notes.append(DECODE_HALF_NOTE.format(causal=setup.options.causal))
-    outside = parts_mod.outside_note(parts, structure)
-    if outside is not None:
-        notes.append(outside)
+    notes += parts_mod.split_notes(parts, structure)
     if not parts.halved:
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
     return Placement(assigned, structure, parts, spec, tuple(notes), spec_read)

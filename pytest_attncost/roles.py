@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .ops import OpRecord, ancestors, is_fused, is_product, parent, within
+from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product, parent, within
 from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
@@ -50,6 +51,10 @@ SHARED_PROJECTION_WARNING = ("{module}: a projection of the attention in {attent
                              "projection")
 NO_PROJECTION_WARNING = ("{attention}: its attention core ({macs:,} MAC) is reached by no parameter product: its Q, K "
                          "and V projections were not found; pass roles= to name them")
+
+CONCATENATED_WARNING = ("{module}: reads the result of the attention in {attention} concatenated with other products' "
+                        "results, and its shapes do not tell their columns apart; its {macs:,} MAC are counted as "
+                        "attention_proj; pass roles= to place them")
 
 ROLES_HINT = (
     "pass roles={'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']} "
@@ -103,15 +108,36 @@ class Flow:
                 for k, operand in enumerate(record.sources):  # scores (or K^T V) reaching the next product
                     others = {s for j, o in enumerate(record.sources) if j != k for s in o}
                     # scores reach one operand (probabilities @ V), not both (x @ x^T of a residual stream)
-                    for source in (s for s in operand if self._scores(s) and s not in others):
-                        parent.setdefault(source, source)
-                        parent.setdefault(i, i)
-                        parent[root(i)] = root(source)
+                    for path in (self._score_path(s) for s in operand if s not in others):
+                        for source in path:
+                            parent.setdefault(source, source)
+                            parent.setdefault(i, i)
+                            parent[root(i)] = root(source)
         groups: dict[int, list[int]] = {}
         for i in sorted(parent):
             groups.setdefault(root(i), []).append(i)
         self.groups = list(groups.values())
         self.group_of = {i: g for g, members in enumerate(self.groups) for i in members}
+
+    def _score_path(self, i: int) -> list[int]:
+        """The products that made the scores reaching a later product through *i*: *i* itself where it is scores,
+        or parameter products that mix the scores without changing their size (CaiT's talking heads: a square
+        h x h matrix over the heads, between QK^T and AV) with the QK^T they mix; else nothing."""
+        if self._scores(i):
+            return [i]
+        record = self.records[i]
+        if record.origin != "param" or not is_product(record.op) or len(record.fed_by) != 1 or not record.out_shape:
+            return []
+        (source,) = record.fed_by
+        size = math.prod(record.out_shape)
+        square = any(len(shape) == 2 and shape[0] == shape[1] and shape[0] ** 2 < size for shape in record.shapes)
+        if not square or source not in self.consumers or math.prod(self.records[source].out_shape or (0,)) != size:
+            return []
+        if self._scores(source):  # the first product of a call (QK^T), not one that takes scores (AV: then O)
+            first = not any(self._scores(s) for s in self.records[source].fed_by)
+            return [i, source] if first else []
+        below = self._score_path(source)
+        return [i, *below] if below else []
 
     def _scores(self, i: int) -> bool:
         """A forward product of two activations whose result has rows (scores, K^T V; one column when a step
@@ -131,6 +157,14 @@ class Flow:
         records = self.records
         return dict.fromkeys(i for i in self.products if records[i].origin == "param" and i not in self.group_of
                              and not _table(records[i]))
+
+    @functools.cached_property
+    def readers(self) -> dict[frozenset[int], list[int]]:
+        """The products that read the same results -> the parameter products among them that multiply a matrix."""
+        found: dict[frozenset[int], list[int]] = {}
+        for i in self.matrices:
+            found.setdefault(self.records[i].fed_by, []).append(i)
+        return found
 
     @functools.cached_property
     def under(self) -> dict[str, list[int]]:
@@ -172,6 +206,9 @@ class Projections:
     entry: tuple[int, ...]  # results reach the cores' operands
     inner: tuple[int, ...]  # feed only projections (low-rank Q/KV)
     out: tuple[int, ...]  # take the cores' result (O), gates beside it
+    # products that read the cores' result concatenated with other products' (Flux's proj_out over [attention,
+    # MLP]): (index, the columns the cores' result fills, all its contracted columns); 0 columns: cannot tell
+    shared: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def all(self) -> tuple[int, ...]:
@@ -192,26 +229,61 @@ def _projections(flow: Flow, group: list[int], allowed: frozenset[int] | None) -
     found = set(entry)
     inner: list[int] = []
     frontier = list(entry)
-    while frontier:  # products that feed only projections of this call are projections (low-rank chains)
+    tokens = query_rows(flow, group, entry)
+    while frontier:  # products that feed only projections of this call are projections (low-rank chains), on
+        # the tokens' rows (a modulation of the batch's conditioning that feeds them is conditioning, not a projection)
         for i in flow.params(sorted(records[frontier.pop()].fed_by)):
             users = flow.consumers[i]
-            if i not in found and ok(i) and users and all(u in found or u in cores for u in users):
+            if i not in found and ok(i) and users and all(u in found or u in cores for u in users) \
+                    and rows(records[i]) >= tokens:
                 found.add(i)
                 inner.append(i)
                 frontier.append(i)
     out: list[int] = []
+    shared: list[tuple[int, int, int]] = []
     results = sorted({u for c in group for u in flow.consumers[c]}) if entry else []  # no projection in: no guess
     for i in flow.params(results):
-        sources = records[i].fed_by
         if i in found or not ok(i):
             continue
-        beside = {s for s in sources if s not in flow.group_of}  # a gate beside the result (Qwen3-Next): feeding only this one
-        if all(s in flow.consumers and records[s].origin == "param" and flow.consumers[s] == [i] and ok(s)
-               for s in beside):
-            out.append(i)
+        beside = sorted(s for s in records[i].fed_by if s not in flow.group_of)  # feeding only this one
+        if not all(s in flow.consumers and records[s].origin == "param" and flow.consumers[s] == [i] and ok(s)
+                   for s in beside):
+            continue
+        out.append(i)
+        columns, widths = _width(records[i]), [_width(records[s], result=True) for s in beside]
+        if all(width == columns for width in widths):  # a gate beside the result (Qwen3-Next), multiplied into it
             out += [s for s in beside if s not in found]
             found.update(beside)
-    return Projections(tuple(entry), tuple(sorted(inner)), tuple(dict.fromkeys(out)))
+        else:  # the result concatenated with theirs: their own part, and this one split by its columns
+            rest = sum(widths)
+            shared.append((i, columns - rest if 0 < rest < columns and 0 not in widths else 0, columns))
+    return Projections(tuple(entry), tuple(sorted(inner)), tuple(dict.fromkeys(out)), tuple(shared))
+
+
+def rows(record: OpRecord) -> int:
+    """The rows a product's result has (every dimension of its output but the last): tokens, for a projection
+    or an FFN of a batch of sequences."""
+    return math.prod(record.out_shape[:-1]) if record.out_shape else 0
+
+
+def query_rows(flow: Flow, group: Sequence[int], entry: Iterable[int]) -> int:
+    """The rows of an attention call's query projections (of its first core's first operand; of any of its
+    projections where that one shows none): the tokens its layer runs on."""
+    entry, first = list(entry), flow.records[group[0]]
+    queries = [i for i in entry if first.sources and i in first.sources[0]]
+    return min((rows(flow.records[i]) for i in queries or entry), default=0)
+
+
+def _width(record: OpRecord, result: bool = False) -> int:
+    """The columns a product contracts (its first operand's last dimension: x in x @ W), or those of its *result*;
+    0 where its shapes do not say."""
+    operands = PRODUCTS[record.op].operands if record.op in PRODUCTS else ()
+    if result:
+        shape = record.out_shape
+    else:  # the first matrix among the shapes (the backends record addmm's bias before it, or leave it out)
+        first = operands[0] if operands and len(record.shapes) > len(operands) else 0
+        shape = record.shapes[first] if operands and len(record.shapes) > first else ()
+    return shape[-1] if len(shape) >= 2 else 0
 
 
 def _cross(flow: Flow, projections: Projections) -> bool:
@@ -236,10 +308,13 @@ class Structure:
         experts: per experts module, the number of experts.
         bare: elements beside the layers that hold products but run no core (the state-space or recurrent
             layers of a hybrid model): their products, their FFNs included, are ``other``.
-        parts: per record, its part: ``attention_core``, ``attention_proj``, ``ffn``, ``other``, or
-            ``unplaced`` (a product of two activations in a layer that is no core).
+        parts: per record, its part: ``attention_core``, ``attention_proj``, ``ffn``, ``other``,
+            ``conditioning`` (a product of a layer on the batch's conditioning, not on its tokens: counted as other)
+            or ``unplaced`` (a product of two activations in a layer that is no core).
         groups: the attention calls (indices of their cores), and where each runs (its attention module).
         warnings: what the data flow could not square with itself (see the module docstring).
+        columns: records split by their contracted columns (a projection reading the attention's result
+            concatenated with an MLP's, Flux's ``proj_out``) -> ``(part, MACs)`` shares adding up to its MACs.
     """
 
     layers: tuple[str, ...] = ()
@@ -251,6 +326,7 @@ class Structure:
     parts: tuple[str, ...] = ()
     groups: tuple[tuple[str, tuple[int, ...]], ...] = ()
     warnings: tuple[str, ...] = ()
+    columns: Mapping[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
     def layer_of(self, scope: str) -> str | None:
         """The layer *scope* runs in (through its members too), or None."""
@@ -394,20 +470,24 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
         members=structure.members, outside=tuple(outside), experts=structure.experts, bare=structure.bare,
         groups=tuple(groups))
     outs = {i for p, (module, _) in zip(projections, groups) if module in outside for i in p.out}
-    parts = _parts(flow, structure, projections, inside, outs, [frozenset(output) for output in outputs])
-    return dataclasses.replace(structure, parts=parts, warnings=tuple(_flow_warnings(flow, projections, parts, groups)))
+    parts, columns = _parts(flow, structure, projections, inside, outs, [frozenset(output) for output in outputs])
+    return dataclasses.replace(structure, parts=parts, columns=columns, warnings=tuple(_flow_warnings(flow, projections, parts, groups)))
 
 
 def _parts(flow: Flow, structure: Structure, projections: list[Projections], inside: set[int], outs: set[int],
-           outputs: list[frozenset[int]]) -> tuple[str, ...]:
-    """Each record's part (see :attr:`Structure.parts`)."""
+           outputs: list[frozenset[int]]) -> tuple[tuple[str, ...], dict[int, tuple[tuple[str, int], ...]]]:
+    """Each record's part (see :attr:`Structure.parts`), and the records split by their columns
+    (:attr:`Structure.columns`)."""
     records = flow.records
     parts = ["other"] * len(records)
-    for group, mine in zip(flow.groups, projections):
+    tokens: dict[str | None, int] = {}  # layer -> the fewest rows its attention's queries have
+    for group, mine, (module, _) in zip(flow.groups, projections, structure.groups):
         for i in group:
             parts[i] = "attention_core"
         for i in mine.all:
             parts[i] = "attention_proj"
+        layer, count = structure.layer_of(module), query_rows(flow, group, mine.entry)
+        tokens[layer] = min(tokens.get(layer, count), count)
     placed = {i for p in projections for i in p.all}
     bare = frozenset(structure.bare)
     block_ffn = _outside_ffn(flow, [i for i in flow.params(flow.products) if i not in inside and i not in placed], outs,
@@ -417,17 +497,68 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
         if parts[i] != "other" or not bare.isdisjoint(ancestors(record.scope)):
             continue
         if i in inside:
-            parts[i] = "other" if _table(record) else {"param": "ffn", "buffer": "other"}.get(record.origin, "unplaced")
+            parts[i] = _leftover(flow, i, parts, tokens.get(structure.layer_of(record.scope), 0))
         elif i in block_ffn:
             parts[i] = "ffn"
+    columns: dict[int, tuple[tuple[str, int], ...]] = {}
+    for mine in projections:
+        for i, attention, width in mine.shared:
+            beside = next((parts[s] for s in sorted(records[i].fed_by) if s not in flow.group_of), "other")
+            if attention:
+                share = records[i].macs * attention // width
+                columns[i] = (("attention_proj", share), (_plain(beside), records[i].macs - share))
     roles = structure.roles()
     for i, record in enumerate(records):
         if record.backward_of is not None and record.backward_of >= 0:
             parts[i] = parts[record.backward_of]  # a gradient is placed with the product it differentiates
+            if record.backward_of in columns:  # and split as it is
+                (first, share), (second, _) = columns[record.backward_of]
+                part = record.macs * share // records[record.backward_of].macs if records[record.backward_of].macs else 0
+                columns[i] = ((first, part), (second, record.macs - part))
         elif record.backward_of is not None and (is_product(record.op) or is_fused(record.op)):
             part = product_part(role_of(record.scope, roles), is_fused(record.op), record.origin, False)
             parts[i] = "other" if part == "unplaced" else part
-    return tuple(parts)
+    return tuple(parts), columns
+
+
+def _adapted(flow: Flow, i: int) -> int | None:
+    """The product that *i* adapts, where it is the second half of a low-rank adapter (LoRA's B): fed only by a
+    narrow product A that reads what a product W reads, while *i* writes what W writes, to the same consumers."""
+    records = flow.records
+    if len(records[i].fed_by) != 1 or not records[i].out_shape:
+        return None
+    (source,) = records[i].fed_by
+    down, width = records[source], records[i].out_shape[-1]
+    rank = down.out_shape[-1] if down.out_shape else 0
+    if down.origin != "param" or not 0 < rank < min(_width(down), width):
+        return None
+    consumers = set(flow.consumers[i])
+    return next((w for w in flow.readers.get(down.fed_by, ()) if w not in (i, source)
+                 and records[w].out_shape[-1:] == (width,) and set(flow.consumers[w]) == consumers), None)
+
+
+def _plain(part: str) -> str:
+    """A part as the split sums it (conditioning and unplaced products are counted as other)."""
+    return part if part in ("attention_core", "attention_proj", "ffn") else "other"
+
+
+def _leftover(flow: Flow, i: int, parts: Sequence[str], tokens: int) -> str:
+    """The part of a product in a layer that is no core or projection of its attention.
+
+    A parameter product on the tokens' rows is FFN, unless it is the second half of an adapter (LoRA's B), which
+    takes the part of the product it adapts; one on fewer rows than the layer's queries runs on the
+    batch's conditioning (a diffusion transformer's timestep MLP and adaLN modulation): ``conditioning``.
+    A table, or a product with a buffer, is other; a product of two activations cannot be placed: ``unplaced``.
+    """
+    record = flow.records[i]
+    if record.origin != "param":
+        return "other" if record.origin == "buffer" else "unplaced"
+    if _table(record):
+        return "other"
+    adapted = _adapted(flow, i)
+    if adapted is not None and parts[adapted] != "other":
+        return parts[adapted]
+    return "conditioning" if rows(record) < tokens else "ffn"
 
 
 def _outside_ffn(flow: Flow, free: list[int], outs: set[int], outputs: list[frozenset[int]]) -> set[int]:
@@ -458,12 +589,16 @@ def _flow_warnings(flow: Flow, projections: list[Projections], parts: Sequence[s
     found: list[str] = []
     for (module, group), mine in zip(groups, projections):
         for i in flow.params({s for c in group for s in records[c].fed_by}):
-            if parts[i] in ("ffn", "other"):
+            if parts[i] in ("ffn", "other", "conditioning"):
                 found.append(FFN_FEEDS_CORE_WARNING.format(module=records[i].scope, macs=records[i].macs,
                                                            part=parts[i], attention=module or "the model"))
         if not mine.entry:
             found.append(NO_PROJECTION_WARNING.format(attention=module or "the model",
                                                       macs=sum(records[i].macs for i in group)))
+        for i, attention, _ in mine.shared:
+            if not attention:
+                found.append(CONCATENATED_WARNING.format(module=records[i].scope, macs=records[i].macs,
+                                                         attention=module or "the model"))
         for i in mine.entry:
             users = [u for u in flow.consumers[i] if parts[u] not in ("attention_core", "attention_proj")]
             if users:

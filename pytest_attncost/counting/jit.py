@@ -101,6 +101,7 @@ class _TraceContext:
         self.masks = _GraphMasks(self)
         self.produced: dict[str, int] = {}  # value name -> the index of the product record that made it
         self.reach: dict[str, frozenset[int]] = {}  # value name -> the products whose results reach it
+        self.derived: dict[str, bool] = {}  # value name -> computed from parameters alone (see _from_parameters)
 
     def sources(self, values: list[Any]) -> tuple[int, ...]:
         """The products whose results reach *values* through ops that are no products (memoised per value)."""
@@ -159,9 +160,34 @@ class _TraceContext:
                     return "param" if self.state_is_param[index] else "buffer"
                 return "activation"
             if short(kind) not in VIEW_OPS:
-                return "activation"
+                return "param" if self._from_parameters(value) else "activation"
             value = next(iter(node.inputs()))
         return "activation"
+
+    def _from_parameters(self, start: Any) -> bool:
+        """Whether *start* is computed from parameters alone (a parametrized weight: weight_norm's g and v), no
+        input of the model's reaching it (memoised per value; a walk of over 256 values is no weight)."""
+        key = start.debugName()
+        if key not in self.derived:
+            seen, stack, found, alone = {key}, [start], False, True
+            while stack and alone:
+                node = stack.pop().node()
+                for item in node.inputs():
+                    name = item.debugName()
+                    if "Tensor" not in str(item.type()) or name in seen:
+                        continue
+                    seen.add(name)
+                    if item.node().kind() == "prim::Param":
+                        index = item.offset() - self.n_user_inputs
+                        param = 0 <= index < len(self.state_is_param) and self.state_is_param[index]
+                        found, alone = found or param, alone and param
+                    elif self.derived.get(name) is False or len(seen) > 256 or (
+                            name in self.produced and self.records[self.produced[name]].origin != "param"):
+                        alone = False  # an activation's product reaches it
+                    else:
+                        stack.append(item)
+            self.derived[key] = found and alone
+        return self.derived[key]
 
 
 _NOT_VALUES = frozenset({"Bool", "Byte", "Char", "Short", "Int", "Long"})
