@@ -66,6 +66,12 @@ class Built:
         return fresh(*self.given, meta=False)
 
 
+NESTED_INPUTS = ("inputs= hold a nested (jagged) tensor of {count} sequences: neither counter can trace one on the "
+                 "meta device or on fake tensors. Count each length as its own dense batch, e.g. "
+                 "sum(profile(model, inputs=(seq.unsqueeze(0),)).total for seq in x.unbind()), or pass "
+                 "x.to_padded_tensor(0.0) to count the padded batch the kernel would run")
+
+
 def build(target: nn.Module, n: int | None, batch: int, inputs: Inputs | None, decoding: bool = False,
           new_tokens: int = 1, m: int | None = None) -> Built:
     """The inputs of a count of *target* (see the module docstring).
@@ -110,14 +116,21 @@ def user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...]
         except Exception as exc:  # noqa: BLE001 - the callable is the user's code
             raise ProfileError(f"inputs(n={n}, batch={batch}) raised {type(exc).__name__}: {exc}") from exc
     if isinstance(inputs, torch.Tensor):
-        return (inputs,), {}
+        inputs = (inputs,)
     if isinstance(inputs, (tuple, list)):
-        return tuple(inputs), {}
-    if isinstance(inputs, Mapping):
+        given: tuple[tuple[Any, ...], dict[str, Any]] = tuple(inputs), {}
+    elif isinstance(inputs, Mapping):
         if not all(isinstance(k, str) for k in inputs):
             raise ProfileError("an inputs= dict maps keyword-argument names (str) to values")
-        return (), dict(inputs)
-    raise ProfileError(f"inputs= got {type(inputs).__name__}; {families.INPUTS_HINT}")
+        given = (), dict(inputs)
+    else:
+        raise ProfileError(f"inputs= got {type(inputs).__name__}; {families.INPUTS_HINT}")
+    found: dict[int, torch.Tensor] = {}
+    _tensors_in(given, found)
+    nested = next((t for t in found.values() if t.is_nested), None)
+    if nested is not None:
+        raise ProfileError(NESTED_INPUTS.format(count=nested.size(0)))
+    return given
 
 
 def read_lengths(target: nn.Module, built: Built, n: int | None, batch: int, batch_given: bool,

@@ -31,12 +31,24 @@ SCRIPTED_MESSAGE = (
 )
 
 
+SHARDED_MESSAGE = (
+    "{what} is sharded by FSDP2 (fully_shard): its parameters are DTensors spread over the ranks, and FSDP "
+    "refuses to be copied, so it cannot be counted as it is.\n"
+    "Fix: FSDP shards the parameters, not the computation, so each rank runs the unsharded model's MACs: "
+    "count the model before fully_shard(), e.g. profile(lambda: MyModel(cfg)) with a factory that does not "
+    "shard it."
+)
+
+
 def refuse_scripted(model: nn.Module) -> None:
-    """A clear CountError for TorchScript modules (they refuse forward hooks with a raw RuntimeError)."""
+    """A clear CountError for TorchScript modules (they refuse forward hooks with a raw RuntimeError) and for
+    modules sharded by FSDP2 (they refuse to be copied)."""
     for name, module in model.named_modules():
+        what = type(model).__name__ if not name else f"{type(model).__name__}.{name}"
         if isinstance(module, torch.jit.ScriptModule):
-            what = type(model).__name__ if not name else f"{type(model).__name__}.{name}"
             raise CountError(SCRIPTED_MESSAGE.format(what=what))
+        if any(cls.__name__ == "FSDPModule" for cls in type(module).__mro__):
+            raise CountError(SHARDED_MESSAGE.format(what=what))
 
 
 #: Global module hooks (torch.nn.modules.module.register_module_*_hook) a count must not fire.
