@@ -142,3 +142,40 @@ def test_roles_that_match_nothing_or_are_no_patterns_are_errors_naming_the_modul
         parts.explicit_roles({"attention": ["re:("]}, classes)
     with pytest.raises(ProfileError, match=r"must hold module-name globs, 're:REGEX' or 'class:NAME' strings, got 3"):
         parts.explicit_roles({"ffn": [3]}, classes)
+
+
+def linear(scope: str, x: tuple[int, ...], out: tuple[int, ...], *sources: int, macs: int = 10) -> OpRecord:
+    """A parameter product of an input of shape *x* (its last dimension contracted) into *out*."""
+    return OpRecord("aten::linear", scope, macs, "param", (x, (out[-1], x[-1])), out, sources=(tuple(sources), ()))
+
+
+def test_a_projection_over_attention_concatenated_with_an_mlp_is_split_by_its_columns() -> None:
+    # Flux: proj_out(cat([attention (8 columns), gelu(proj_mlp(x)) (24 columns)])): 1/4 attention, 3/4 FFN
+    tokens = (2, 4, 8)
+    records = [linear("b.0.q", tokens, tokens), linear("b.0.k", tokens, tokens), linear("b.0.v", tokens, tokens),
+               OpRecord("aten::scaled_dot_product_attention", "b.0", 6, "activation", ((2, 2, 4, 4),) * 3,
+                        (2, 2, 4, 4), sources=((0,), (1,), (2,))),
+               linear("b.0.proj_mlp", tokens, (2, 4, 24)),
+               linear("b.0.proj_out", (2, 4, 32), tokens, 3, 4, macs=40)]
+    structure = roles.find_structure(records, ["b"])
+    assert list(structure.parts) == ["attention_proj"] * 3 + ["attention_core", "ffn", "attention_proj"]
+    assert structure.columns == {5: (("attention_proj", 10), ("ffn", 30))}
+    split = parts.split(records, structure.roles(), structure=structure)
+    assert (split.attention_proj, split.ffn) == (3 * 10 + 10, 10 + 30) and structure.warnings == ()
+
+
+def test_products_on_the_batchs_rows_are_conditioning_and_lora_takes_the_part_it_adapts() -> None:
+    tokens, rows = (2, 4, 8), (2, 8)  # 8 token rows; 2 rows: one per image of the batch (a timestep embedding)
+    records = [linear("b.0.mod", rows, (2, 48)),  # adaLN: Linear(D, 6D) on the conditioning
+               linear("b.0.q", tokens, tokens), linear("b.0.k", tokens, tokens), linear("b.0.v", tokens, tokens),
+               OpRecord("aten::scaled_dot_product_attention", "b.0", 6, "activation", ((2, 2, 4, 4),) * 3,
+                        (2, 2, 4, 4), sources=((1,), (2,), (3,))),
+               linear("b.0.o", tokens, tokens, 4), linear("b.0.o.lora_A", tokens, (2, 4, 2), 4),  # 5, 6
+               linear("b.0.o.lora_B", (2, 4, 2), tokens, 6),  # 7: fed only by A, writes where o writes
+               linear("b.0.up", tokens, (2, 4, 32), 5, 7), linear("b.0.down", (2, 4, 32), tokens, 8)]
+    structure = roles.find_structure(records, ["b"])
+    assert list(structure.parts) == ["conditioning"] + ["attention_proj"] * 3 + ["attention_core"] + \
+        ["attention_proj"] * 3 + ["ffn"] * 2
+    split = parts.split(records, structure.roles(), structure=structure)
+    assert split.conditioning == {"b.0.mod": 10} and split.other == 10
+    assert parts.split_notes(split, structure) == [parts.CONDITIONING_NOTE.format(modules="b.0.mod", macs=10)]
