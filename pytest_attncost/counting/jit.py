@@ -101,7 +101,7 @@ class _TraceContext:
         self.masks = _GraphMasks(self)
         self.produced: dict[str, int] = {}  # value name -> the index of the product record that made it
         self.reach: dict[str, frozenset[int]] = {}  # value name -> the products whose results reach it
-        self.derived: dict[str, bool] = {}  # value name -> computed from parameters alone (see _from_parameters)
+        self.derived: dict[str, bool] = {}  # value name -> computed from parameters alone (from_parameters)
 
     def sources(self, values: list[Any]) -> tuple[int, ...]:
         """The products whose results reach *values* through ops that are no products (memoised per value)."""
@@ -160,13 +160,14 @@ class _TraceContext:
                     return "param" if self.state_is_param[index] else "buffer"
                 return "activation"
             if short(kind) not in VIEW_OPS:
-                return "param" if self._from_parameters(value) else "activation"
+                return "activation"
             value = next(iter(node.inputs()))
         return "activation"
 
-    def _from_parameters(self, start: Any) -> bool:
-        """Whether *start* is computed from parameters alone (a parametrized weight: weight_norm's g and v), no
-        input of the model's reaching it (memoised per value; a walk of over 256 values is no weight)."""
+    def from_parameters(self, start: Any) -> bool:
+        """Whether *start* is computed from parameters alone, by ops that multiply no matrices (a parametrized
+        weight: weight_norm's g and v), no input of the model's reaching it (memoised; a walk of over 256 values
+        is no weight)."""
         key = start.debugName()
         if key not in self.derived:
             seen, stack, found, alone = {key}, [start], False, True
@@ -181,9 +182,8 @@ class _TraceContext:
                         index = item.offset() - self.n_user_inputs
                         param = 0 <= index < len(self.state_is_param) and self.state_is_param[index]
                         found, alone = found or param, alone and param
-                    elif self.derived.get(name) is False or len(seen) > 256 or (
-                            name in self.produced and self.records[self.produced[name]].origin != "param"):
-                        alone = False  # an activation's product reaches it
+                    elif self.derived.get(name) is False or len(seen) > 256 or name in self.produced:
+                        alone = False  # a product's result reaches it: an activation
                     else:
                         stack.append(item)
             self.derived[key] = found and alone
@@ -227,6 +227,8 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
             raise CountError(f"the handle for {op} returned {value!r}, not a number")
         operands = _operands(op, inputs)
         each = [(v, ctx.origin_of(v)) for v in operands if v.type().kind() == "TensorType"]
+        if is_product(op) and all(found == "activation" for _, found in each):  # a weight computed (weight_norm)?
+            each = [(v, "param" if ctx.from_parameters(v) else found) for v, found in each]
         origins = {found for _, found in each}
         origin = "param" if "param" in origins else "buffer" if "buffer" in origins else "activation"
         shapes = tuple(
