@@ -121,23 +121,28 @@ class Flow:
 
     def _score_path(self, i: int) -> list[int]:
         """The products that made the scores reaching a later product through *i*: *i* itself where it is scores,
-        or parameter products that mix the scores without changing their size (CaiT's talking heads: a square
-        h x h matrix over the heads, between QK^T and AV) with the QK^T they mix; else nothing."""
+        or parameter products that mix the scores without changing their size (talking heads: a square h x h
+        matrix, or a 1x1 convolution, over the heads between QK^T and AV) with the QK^T they mix; else nothing."""
         if self._scores(i):
             return [i]
         record = self.records[i]
-        if record.origin != "param" or not is_product(record.op) or len(record.fed_by) != 1 or not record.out_shape:
+        if record.origin != "param" or not is_product(record.op) or not record.fed_by or not record.out_shape:
             return []
-        (source,) = record.fed_by
         size = math.prod(record.out_shape)
-        square = any(len(shape) == 2 and shape[0] == shape[1] and shape[0] ** 2 < size for shape in record.shapes)
-        if not square or source not in self.consumers or math.prod(self.records[source].out_shape or (0,)) != size:
-            return []
-        if self._scores(source):  # the first product of a call (QK^T), not one that takes scores (AV: then O)
-            first = not any(self._scores(s) for s in self.records[source].fed_by)
-            return [i, source] if first else []
-        below = self._score_path(source)
-        return [i, *below] if below else []
+        square = any(len(shape) >= 2 and shape[0] == shape[1] and all(d == 1 for d in shape[2:])
+                     and shape[0] ** 2 < size for shape in record.shapes)  # h x h, or a 1x1 convolution's (h, h, 1, 1)
+        found = [i]
+        for source in sorted(record.fed_by):  # every input a mix of the same scores (sim + mix(sim) included)
+            if not square or source not in self.consumers or math.prod(self.records[source].out_shape or (0,)) != size:
+                return []
+            if self._scores(source):  # the first product of a call (QK^T), not one that takes scores (AV: then O)
+                below = [] if any(self._scores(s) for s in self.records[source].fed_by) else [source]
+            else:
+                below = self._score_path(source)
+            if not below:
+                return []
+            found += below
+        return list(dict.fromkeys(found))
 
     def _scores(self, i: int) -> bool:
         """A forward product of two activations whose result has rows (scores, K^T V; one column when a step

@@ -114,6 +114,21 @@ def test_cait_talking_heads_count_with_the_core(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_x_transformers_talking_heads_count_with_the_core(backend):
+    # 1x1 convolutions over the heads, before the softmax (added to the scores) and after it
+    x_transformers = pytest.importorskip("x_transformers", reason="x-transformers (the zoo extra) is not installed")
+
+    def model():
+        return x_transformers.Encoder(dim=D, depth=L, heads=H, attn_dim_head=HD, attn_pre_talking_heads=True,
+                                      attn_post_talking_heads=True)
+
+    profile = pa.profile(model, n=N, inputs=tokens, backend=backend)
+    core = 2 * N * N * D + 2 * (N * N * H * H)
+    assert split_of(profile) == (L * core, L * 4 * N * D * D, L * 2 * N * D * 4 * D)
+    assert not profile.warnings
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_weight_norm_weights_are_parameters(backend):
     from torch.nn.utils.parametrizations import weight_norm
 
