@@ -502,7 +502,8 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
         if parts[i] != "other" or not bare.isdisjoint(ancestors(record.scope)):
             continue
         if i in inside:
-            parts[i] = _leftover(flow, i, parts, tokens.get(structure.layer_of(record.scope), 0))
+            layer = structure.layer_of(record.scope)
+            parts[i] = _leftover(flow, i, parts, tokens.get(layer, 0), _wrapper_part(flow, i, parts, structure))
         elif i in block_ffn:
             parts[i] = "ffn"
     columns: dict[int, tuple[tuple[str, int], ...]] = {}
@@ -547,12 +548,31 @@ def _plain(part: str) -> str:
     return part if part in ("attention_core", "attention_proj", "ffn") else "other"
 
 
-def _leftover(flow: Flow, i: int, parts: Sequence[str], tokens: int) -> str:
+def _wrapper_part(flow: Flow, i: int, parts: Sequence[str], structure: Structure) -> str | None:
+    """The part of the product that a wrapper module around product *i* adapts: the nearest module enclosing
+    *i* below its layer, and no attention module itself, whose placed products are of one part (peft's LoRA
+    layer holds ``base_layer`` beside ``lora_A`` / ``lora_B``; DoRA runs them on an identity matrix to norm its
+    weight)."""
+    layer = structure.layer_of(flow.records[i].scope)
+    if layer is None:
+        return None
+    attention = set(structure.attention.get(layer, ()))
+    for module in ancestors(flow.records[i].scope)[1:]:
+        if module == layer or module in attention or not within(module, layer):
+            return None
+        placed = {parts[j] for j in flow.under.get(module, ()) if j != i and parts[j] in ("attention_proj", "ffn")}
+        if placed:
+            return placed.pop() if len(placed) == 1 else None
+    return None
+
+
+def _leftover(flow: Flow, i: int, parts: Sequence[str], tokens: int, wrapped: str | None) -> str:
     """The part of a product in a layer that is no core or projection of its attention.
 
     A parameter product on the tokens' rows is FFN, unless it is the second half of an adapter (LoRA's B), which
     takes the part of the product it adapts; one on fewer rows than the layer's queries runs on the
-    batch's conditioning (a diffusion transformer's timestep MLP and adaLN modulation): ``conditioning``.
+    batch's conditioning (a diffusion transformer's timestep MLP and adaLN modulation): ``conditioning``. A
+    product inside a wrapper of a placed product (*wrapped*: its part) takes that part, whatever its rows.
     A table, or a product with a buffer, is other; a product of two activations cannot be placed: ``unplaced``.
     """
     record = flow.records[i]
@@ -563,6 +583,8 @@ def _leftover(flow: Flow, i: int, parts: Sequence[str], tokens: int) -> str:
     adapted = _adapted(flow, i)
     if adapted is not None and parts[adapted] != "other":
         return parts[adapted]
+    if wrapped is not None:
+        return wrapped
     return "conditioning" if rows(record) < tokens else "ffn"
 
 

@@ -172,6 +172,40 @@ def test_lora_belongs_to_the_product_it_adapts(backend, targets):
     assert any("attention_proj is" in warning for warning in profile.warnings)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dora_weights_belong_to_the_product_they_adapt(backend):
+    # DoRA norms W + BA: peft runs lora_A and lora_B on an identity matrix (in_features rows), then on the tokens
+    peft = pytest.importorskip("peft", reason="peft (a test extra) is not installed")
+    from transformers import LlamaConfig, LlamaModel
+
+    model = peft.get_peft_model(
+        LlamaModel(LlamaConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=H, num_hidden_layers=L,
+                               intermediate_size=FF, vocab_size=100)),
+        peft.LoraConfig(r=RANK, target_modules=["q_proj", "o_proj", "down_proj"], use_dora=True))
+    profile = pa.profile(model, n=N, backend=backend)
+
+    def dora(inputs, outputs):  # the identity's rows, then the tokens'
+        return inputs * (inputs * RANK + RANK * outputs) + N * (inputs * RANK + RANK * outputs)
+
+    proj = 4 * N * D * D + 2 * dora(D, D)
+    ffn = 3 * N * D * FF + dora(FF, D)
+    assert split_of(profile) == (L * 2 * N * N * D, L * proj, L * ffn)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lora_on_gpt2s_conv1d_projections(backend):
+    peft = pytest.importorskip("peft", reason="peft (a test extra) is not installed")
+    from transformers import GPT2Config, GPT2Model
+
+    model = peft.get_peft_model(GPT2Model(GPT2Config(n_embd=D, n_head=H, n_layer=L, n_inner=FF, vocab_size=100)),
+                                peft.LoraConfig(r=RANK, target_modules=["c_attn", "c_proj", "c_fc"],
+                                                fan_in_fan_out=True))
+    profile = pa.profile(model, n=N, backend=backend)
+    proj = 4 * N * D * D + N * (D * RANK + RANK * 3 * D) + N * (2 * D * RANK)  # c_attn (D -> 3D), attn.c_proj
+    ffn = 2 * N * D * FF + N * (D * RANK + RANK * FF) + N * (FF * RANK + RANK * D)  # c_fc, mlp.c_proj
+    assert split_of(profile) == (L * 2 * N * N * D, L * proj, L * ffn)
+
+
 # --- diffusers: conditioning in other, joint attention, single blocks, a UNet ------------------------------------
 
 COND = "conditioning: products in the layers that run on the batch's conditioning"
