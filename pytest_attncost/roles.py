@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product, parent, within
@@ -164,6 +164,11 @@ class Flow:
                              and not _table(records[i]))
 
     @functools.cached_property
+    def attending(self) -> frozenset[str]:
+        """The modules that run an attention core (the cores' scopes and every module enclosing them)."""
+        return self.holders(i for group in self.groups for i in group)
+
+    @functools.cached_property
     def readers(self) -> dict[frozenset[int], list[int]]:
         """The products that read the same results -> the parameter products among them that multiply a matrix."""
         found: dict[frozenset[int], list[int]] = {}
@@ -244,25 +249,54 @@ def _projections(flow: Flow, group: list[int], allowed: frozenset[int] | None) -
                 found.add(i)
                 inner.append(i)
                 frontier.append(i)
+    fused = _fused_entries(flow, group, entry)
+    out, shared = _outputs(flow, group, found, ok, fused) if entry else ([], [])  # no projection in: no guess out
+    shared += [(i, attention, width) for i, (attention, width) in fused.items()]
+    return Projections(tuple(entry), tuple(sorted(inner)), tuple(dict.fromkeys(out)), tuple(shared))
+
+
+def _fused_entries(flow: Flow, group: list[int], entry: list[int]) -> dict[int, tuple[int, int]]:
+    """Entry projections whose result also feeds products that are no core (ViT-22B's one Linear for Q, K, V and
+    the MLP's input) -> (the columns the cores' operands take, all their columns); 0 columns: cannot tell."""
+    records, cores = flow.records, set(group)
+    found: dict[int, tuple[int, int]] = {}
+    for i in entry:
+        others = [u for u in flow.consumers[i] if u not in cores]
+        if not others or not all(u in flow.matrices for u in others):  # an MLP's input beside Q, K, V
+            continue
+        tokens, width = rows(records[i]), _width(records[i], result=True)
+        sizes = [math.prod(records[c].shapes[k]) for c in group for k, operand in enumerate(records[c].sources)
+                 if i in operand and k < len(records[c].shapes)]
+        taken = sum(size // tokens for size in sizes) if tokens and all(size % tokens == 0 for size in sizes) else 0
+        found[i] = (taken if 0 < taken < width else 0, width)
+    return found
+
+
+def _outputs(flow: Flow, group: list[int], found: set[int], ok: Callable[[int], bool],
+             fused: Mapping[int, tuple[int, int]]) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The products taking the call's result (O, and the gates multiplied into it), and those reading it
+    concatenated with other products' results (index, the columns the result fills, all its columns)."""
+    records = flow.records
     out: list[int] = []
     shared: list[tuple[int, int, int]] = []
-    results = sorted({u for c in group for u in flow.consumers[c]}) if entry else []  # no projection in: no guess
-    for i in flow.params(results):
+    for i in flow.params(sorted({u for c in group for u in flow.consumers[c]})):
         if i in found or not ok(i):
             continue
         beside = sorted(s for s in records[i].fed_by if s not in flow.group_of)  # feeding only this one
-        if not all(s in flow.consumers and records[s].origin == "param" and flow.consumers[s] == [i] and ok(s)
-                   for s in beside):
+        if not all(s in flow.consumers and records[s].origin == "param" and ok(s) and (
+                flow.consumers[s] == [i] or s in fused and [u for u in flow.consumers[s] if u not in group] == [i])
+                for s in beside):
             continue
         out.append(i)
-        columns, widths = _width(records[i]), [_width(records[s], result=True) for s in beside]
-        if all(width == columns for width in widths):  # a gate beside the result (Qwen3-Next), multiplied into it
+        columns = _width(records[i])
+        widths = [fused[s][1] - fused[s][0] if s in fused else _width(records[s], result=True) for s in beside]
+        if all(width == columns for width in widths) and not fused.keys() & set(beside):  # a gate (Qwen3-Next)
             out += [s for s in beside if s not in found]
             found.update(beside)
         else:  # the result concatenated with theirs: their own part, and this one split by its columns
             rest = sum(widths)
             shared.append((i, columns - rest if 0 < rest < columns and 0 not in widths else 0, columns))
-    return Projections(tuple(entry), tuple(sorted(inner)), tuple(dict.fromkeys(out)), tuple(shared))
+    return out, shared
 
 
 def rows(record: OpRecord) -> int:
@@ -399,7 +433,7 @@ def _members(flow: Flow, layers: dict[str, None], boxes: frozenset[str], beside:
     members: dict[str, str] = {}
     bare: list[str] = []
     under = flow.under
-    cores = flow.holders(i for group in flow.groups for i in group)
+    cores = flow.attending
 
     def children(module: str) -> list[str]:
         scopes = {flow.records[i].scope for i in under.get(module, [])}
@@ -508,8 +542,11 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
             parts[i] = "ffn"
     columns: dict[int, tuple[tuple[str, int], ...]] = {}
     for mine in projections:
+        fused = {i for i, _, _ in mine.shared if i in mine.entry}
         for i, attention, width in mine.shared:
-            beside = next((parts[s] for s in sorted(records[i].fed_by) if s not in flow.group_of), "other")
+            # what the rest of the columns feed (an entry's: the MLP beside the attention) or come from
+            sources = [s for s in sorted(records[i].fed_by) if s not in flow.group_of]
+            beside = "ffn" if i in fused or fused & set(sources) else next((parts[s] for s in sources), "other")
             if attention:
                 share = records[i].macs * attention // width
                 columns[i] = (("attention_proj", share), (_plain(beside), records[i].macs - share))
@@ -550,7 +587,7 @@ def _plain(part: str) -> str:
 
 def _wrapper_part(flow: Flow, i: int, parts: Sequence[str], structure: Structure) -> str | None:
     """The part of the product that a wrapper module around product *i* adapts: the nearest module enclosing
-    *i* below its layer, and no attention module itself, whose placed products are of one part (peft's LoRA
+    *i* below its layer, running no attention core, whose placed products are of one part (peft's LoRA
     layer holds ``base_layer`` beside ``lora_A`` / ``lora_B``; DoRA runs them on an identity matrix to norm its
     weight)."""
     layer = structure.layer_of(flow.records[i].scope)
@@ -558,7 +595,7 @@ def _wrapper_part(flow: Flow, i: int, parts: Sequence[str], structure: Structure
         return None
     attention = set(structure.attention.get(layer, ()))
     for module in ancestors(flow.records[i].scope)[1:]:
-        if module == layer or module in attention or not within(module, layer):
+        if module == layer or module in attention or not within(module, layer) or module in flow.attending:
             return None
         placed = {parts[j] for j in flow.under.get(module, ()) if j != i and parts[j] in ("attention_proj", "ffn")}
         if placed:
@@ -623,12 +660,13 @@ def _flow_warnings(flow: Flow, projections: list[Projections], parts: Sequence[s
             found.append(NO_PROJECTION_WARNING.format(attention=module or "the model",
                                                       macs=sum(records[i].macs for i in group)))
         for i, attention, _ in mine.shared:
-            if not attention:
+            if not attention and i not in mine.entry:
                 found.append(CONCATENATED_WARNING.format(module=records[i].scope, macs=records[i].macs,
                                                          attention=module or "the model"))
+        split = {i for i, attention, _ in mine.shared if attention}
         for i in mine.entry:
             users = [u for u in flow.consumers[i] if parts[u] not in ("attention_core", "attention_proj")]
-            if users:
+            if users and i not in split:
                 found.append(SHARED_PROJECTION_WARNING.format(module=records[i].scope, attention=module or "the model",
                                                               macs=records[i].macs, other=records[users[0]].scope))
     return list(dict.fromkeys(found))

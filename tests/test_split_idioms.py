@@ -50,6 +50,21 @@ class FluxSingleBlock(nn.Module):
         return x + self.proj_out(torch.cat([self.attn(h), F.gelu(self.proj_mlp(h))], dim=2))
 
 
+class FusedParallelBlock(nn.Module):
+    """ViT-22B's parallel block: one Linear for Q, K, V and the MLP's input, one for O and the MLP's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.inp, self.out = nn.LayerNorm(D), nn.Linear(D, 3 * D + FF), nn.Linear(D + FF, D)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        h = self.inp(self.norm(x))
+        q, k, v = (t.reshape(b, n, H, HD).transpose(1, 2) for t in h[..., : 3 * D].chunk(3, -1))
+        attention = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, D)
+        return x + self.out(torch.cat([attention, F.gelu(h[..., 3 * D :])], -1))
+
+
 class TalkingHeads(nn.Module):
     """CaiT's attention: an H x H mix of the heads before and after the softmax."""
 
@@ -102,6 +117,16 @@ def test_flux_parallel_mlp_is_ffn_and_its_projection_split_by_columns(backend):
     proj = 3 * N * D * D + N * D * D  # Q, K, V, and proj_out's D attention columns
     ffn = N * D * FF + N * FF * D  # proj_mlp, and proj_out's FF MLP columns
     assert split_of(profile) == (L * core, L * proj, L * ffn)
+    assert not profile.warnings
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_parallel_projections_are_split_by_their_columns(backend):
+    profile = pa.profile(lambda: Stack(FusedParallelBlock), n=N, inputs=tokens, backend=backend)
+    # inp: 3D columns Q, K, V and FF columns of MLP input; out: D attention columns and FF MLP columns
+    proj = N * D * 3 * D + N * D * D
+    ffn = N * D * FF + N * FF * D
+    assert split_of(profile) == (L * 2 * N * N * D, L * proj, L * ffn)
     assert not profile.warnings
 
 
