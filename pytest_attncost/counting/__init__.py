@@ -61,7 +61,8 @@ class Counted:
         unchecked: a warning: custom autograd Functions fvcore saw as opaque could not be looked into.
         real: counted on real tensors (the last resort): it holds for these inputs' values only.
         notes: how FlexAttention was counted (:mod:`.flex`), where it ran.
-        warnings: FlexAttention masks that could not be evaluated.
+        unread: (module, warning) where a FlexAttention mask could not be evaluated: the split's cores there
+            have a mask of unknown form (the warning is for those it counts in full).
     """
 
     raw: RawCount
@@ -70,7 +71,7 @@ class Counted:
     unchecked: str | None = None
     real: bool = False
     notes: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
+    unread: tuple[tuple[str, str], ...] = ()
 
 
 #: Lengths up to which the fallback may run real tensors (weights and activations in memory).
@@ -108,8 +109,7 @@ def count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any
         counted = _count(target, twin, call, options, masks, real_call, n)
     if session is None or not session.calls:
         return counted
-    note = flex.note(session)
-    return dataclasses.replace(counted, notes=(note,) if note else (), warnings=tuple(session.warnings))
+    return dataclasses.replace(counted, notes=(flex.FLEX_NOTE,), unread=flex.unread(session))
 
 
 def _count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],

@@ -41,8 +41,8 @@ from ..errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["FLEX_NOTE", "UNREAD_WARNING", "Keeps", "StandInMask", "into_records", "keeps_of_value", "mask_keeps", "note",
-           "standing_in"]
+__all__ = ["FLEX_NOTE", "UNREAD_WARNING", "Keeps", "StandInMask", "into_records", "mask_keeps", "new_trace",
+           "standing_in", "traced_keeps", "unread"]
 
 Keeps = tuple[int, int]  # (kept, all): the (batch, head, query, key) positions a mask keeps of all it spans
 
@@ -69,8 +69,8 @@ class _Session:
     read: bool  # evaluate masks (causal="half" or "kept")
     given: list[Any]  # the user's own BlockMasks, with their values
     calls: int = 0
-    warnings: list[str] = field(default_factory=list)
-    by_value: dict[str, Keeps | None] = field(default_factory=dict)  # jit: the core's output value -> its keeps
+    unread: dict[str, str] = field(default_factory=dict)  # module -> why its mask could not be evaluated
+    traced: list[Keeps | None] = field(default_factory=list)  # jit: each core's keeps, in the order they ran
     records: list[Any] | None = None  # torch backend: the recorder's records
     memo: dict[Any, tuple[Keeps, bool] | str] = field(default_factory=dict)
 
@@ -119,10 +119,11 @@ def _create_block_mask(mask_mod: Callable[..., Any], B: int | None, H: int | Non
 def _sizes(block_mask: Any) -> tuple[int, int, int, int]:
     """(batch, heads, queries, keys) a BlockMask was made for."""
     if isinstance(block_mask, StandInMask):
-        return block_mask.shape  # type: ignore[attr-defined, no-any-return]
-    batch, heads = (int(d) for d in block_mask.kv_num_blocks.shape[:2])
-    q_len, kv_len = block_mask.seq_lengths
-    return batch, heads, int(q_len), int(kv_len)
+        batch, heads, q_len, kv_len = block_mask.shape  # type: ignore[attr-defined]
+    else:
+        batch, heads = block_mask.kv_num_blocks.shape[:2]
+        q_len, kv_len = block_mask.seq_lengths
+    return int(batch), int(heads), int(q_len), int(kv_len)  # the tracer hands sizes as 0-d tensors
 
 
 def _real(value: Any) -> bool:
@@ -155,6 +156,9 @@ def mask_keeps(mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int,
     """
     from torch.nn.attention.flex_attention import create_mask
 
+    why = _without_values(mask_mod)
+    if why is not None:
+        raise ValueError(why)
     rows = max(1, _BLOCK // max(1, batch * heads * kv_len))
     kept, causal = 0, q_len == kv_len
     keys = torch.arange(kv_len)
@@ -175,26 +179,47 @@ def mask_keeps(mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int,
     return (kept, batch * heads * q_len * kv_len), causal
 
 
-def _code(fn: Any, depth: int = 0) -> Any:
+def _captured(fn: Any, depth: int = 0) -> Iterator[Any]:
+    """What a mask function closes over (a partial's arguments too), nested functions' captures included."""
+    if depth > 8:
+        return
+    if isinstance(fn, functools.partial):
+        values: list[Any] = [fn.func, *fn.args, *fn.keywords.values()]
+    else:
+        values = []
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                values.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    for value in values:
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            yield item
+            if callable(item) and not isinstance(item, (torch.Tensor, type)):
+                yield from _captured(item, depth + 1)
+
+
+def _code(fn: Any) -> Any:
     """What identifies a mask function whatever tensors it captures: its code, and that of the functions it closes
     over (or_masks, and_masks, transformers' offsets)."""
-    if isinstance(fn, functools.partial):
-        return ("partial", _code(fn.func, depth + 1))
-    code = getattr(fn, "__code__", None)
-    cells = getattr(fn, "__closure__", None) or ()
-    inner = []
-    for cell in cells if depth < 8 else ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        inner += [_code(v, depth + 1) for v in values if callable(v) and not isinstance(v, torch.Tensor)]
-    return (code, tuple(inner))
+    inner = [item for item in _captured(fn) if callable(item) and not isinstance(item, (torch.Tensor, type))]
+    return (getattr(getattr(fn, "func", fn), "__code__", None), tuple(getattr(i, "__code__", None) for i in inner))
 
 
-def _keeps(session: _Session, block_mask: Any, where: str) -> tuple[Keeps, bool] | None:
-    """What *block_mask* keeps (None: it could not be evaluated, and a warning says so)."""
+def _without_values(fn: Any) -> str | None:
+    """The first tensor *fn* captures that holds no values (meta or fake), described; None if none does."""
+    for item in _captured(fn):
+        if isinstance(item, torch.Tensor) and not _real(item):
+            return f"it reads a tensor of shape {tuple(item.shape)} that holds no values (meta or fake)"
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _keeps(session: _Session, block_mask: Any) -> tuple[Keeps, bool] | str:
+    """What *block_mask* keeps, or why it could not be evaluated."""
     sizes = _sizes(block_mask)
     mask_mod = block_mask.mask_mod
     key = (id(mask_mod), sizes)
@@ -203,31 +228,17 @@ def _keeps(session: _Session, block_mask: Any, where: str) -> tuple[Keeps, bool]
             with _outside_the_count():
                 session.memo[key] = mask_keeps(mask_mod, *sizes)
         except Exception as exc:  # noqa: BLE001 - the user's mask_mod: its failure is the reason given
+            # the user's own BlockMask, as given (its tensors were converted for the count)
             same = [m for m in session.given if _sizes(m) == sizes and _code(m.mask_mod) == _code(mask_mod)]
-            if len(same) == 1:  # the user's own BlockMask, as given (its tensors converted for the count)
+            if len(same) == 1:
                 try:
                     with _outside_the_count():
                         session.memo[key] = mask_keeps(same[0].mask_mod, *sizes)
                 except Exception as again:  # noqa: BLE001
-                    session.memo[key] = f"{type(again).__name__}: {again}"[:200]
+                    session.memo[key] = _reason(again)
             else:
-                session.memo[key] = f"{type(exc).__name__}: {exc}"[:200]
-    found = session.memo[key]
-    if isinstance(found, str):
-        warning = UNREAD_WARNING.format(where=where, why=found)
-        if warning not in session.warnings:
-            session.warnings.append(warning)
-        return None
-    return found
-
-
-def _scope() -> str:
-    """The module running now, for a warning (the tracer's scope; the innermost module otherwise)."""
-    state = torch._C._get_tracing_state()
-    if state is not None:
-        name = state.current_scope().split("/")[-1]
-        return name.removeprefix("model.") if name != "model" else "the model"
-    return "the model"
+                session.memo[key] = _reason(exc)
+    return session.memo[key]
 
 
 def _flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod: Any = None,
@@ -238,24 +249,22 @@ def _flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if session is not None:
         session.calls += 1
     found: tuple[Keeps, bool] | None = None
-    unread = False
+    unread = None
     if session is not None and session.read:
-        if block_mask is None:
-            found = ((1, 1), False)  # no mask: every pair
-        else:
-            found = _keeps(session, block_mask, _scope())
-            unread = found is None
+        read = ((1, 1), False) if block_mask is None else _keeps(session, block_mask)  # no mask: every pair
+        found, unread = (None, read) if isinstance(read, str) else (read, None)
     causal = found is not None and found[1] and query.shape[-2] == key.shape[-2]
     mask = None
     if unread or found is not None and not causal and found[0][0] != found[0][1]:
         # neither causal nor every pair: a mask of unknown form, as both backends read one (its keeps, if read, say)
-        mask = torch.empty(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).fill_(True)
+        mask = torch.ones(query.shape[-2], key.shape[-2], device=query.device).ge(0)
     start = len(session.records) if session is not None and session.records is not None else 0
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
                                                            scale=scale, enable_gqa=enable_gqa)
-    keeps = found[0] if found is not None else None
-    if session is not None and keeps is not None:
-        _mark(session, out, start, keeps)
+    if session is not None:
+        _mark(session, start, found[0] if found is not None else None)
+    if session is not None and unread is not None:
+        session.unread.setdefault(_scope(session, start), unread)
     if return_lse or return_aux is not None:
         lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
         if return_aux is None:
@@ -267,17 +276,26 @@ def _flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out
 
 
-def _mark(session: _Session, out: torch.Tensor, start: int, keeps: Keeps) -> None:
-    """Tie *keeps* to the records of the core just run: the torch backend's (made since *start*), or the jit
-    value of its output (the fvcore handles read it after the trace)."""
+def _mark(session: _Session, start: int, keeps: Keeps | None) -> None:
+    """Tie *keeps* to the records of the core just run: the torch backend's (made since *start*); under the jit
+    tracer, the next in the list the fvcore handles read after the trace (:func:`traced_keeps`)."""
     import dataclasses
 
     if session.records is not None:
         for index in range(start, len(session.records)):
-            if session.records[index].backward_of is None:
+            if keeps is not None and session.records[index].backward_of is None:
                 session.records[index] = dataclasses.replace(session.records[index], keeps=keeps)
     elif torch._C._get_tracing_state() is not None:
-        session.by_value[torch._C._get_value_trace(out).debugName()] = keeps
+        session.traced.append(keeps)
+
+
+def _scope(session: _Session, start: int) -> str:
+    """The module that ran the core just made (the torch backend's records; the tracer's scope)."""
+    if session.records is not None:
+        return str(session.records[start].scope) if start < len(session.records) else ""
+    state = torch._C._get_tracing_state()
+    name = state.current_scope().split("/")[-1] if state is not None else ""
+    return "" if name == "model" else name.removeprefix("model.")
 
 
 def _compile_friendly(query: Any, key: Any, value: Any, score_mod: Any = None, block_mask: Any = None,
@@ -288,10 +306,26 @@ def _compile_friendly(query: Any, key: Any, value: Any, score_mod: Any = None, b
                            scale=scale, kernel_options=kernel_options, **kwargs)
 
 
-def keeps_of_value(name: str) -> Keeps | None:
-    """What the mask of the FlexAttention core whose output is jit value *name* keeps (None: not one, or unread)."""
+#: The file of the stand-in: a traced fused attention node whose innermost frame is here is a FlexAttention core.
+_HERE = __file__.replace("\\", "/").rsplit("/", 2)[-2:]
+
+
+def new_trace() -> None:
+    """A trace starts: the cores it runs are listed afresh (a trace tried again lists them again)."""
     session = _SESSION.get()
-    return None if session is None else session.by_value.get(name)
+    if session is not None:
+        session.traced.clear()
+
+
+def traced_keeps(source: str) -> Keeps | None:
+    """What the mask of the next FlexAttention core of the trace keeps, for a fused attention node whose source
+    range is *source* (None: not a FlexAttention core, or its mask unread). The fvcore handles run in graph order,
+    which is the order the stand-in ran."""
+    session = _SESSION.get()
+    innermost = source.replace("\\", "/").split("\n")[0]
+    if session is None or "/".join(_HERE) not in innermost or not session.traced:
+        return None
+    return session.traced.pop(0)
 
 
 @contextlib.contextmanager
@@ -408,7 +442,8 @@ def standing_in(model: nn.Module, causal: str, given: Any = None) -> Iterator[_S
         _SESSION.reset(token)
 
 
-def note(session: _Session | None) -> str | None:
-    """The profile's note on how FlexAttention was counted (None when none ran)."""
-    return FLEX_NOTE if session is not None and session.calls else None
+def unread(session: _Session) -> tuple[tuple[str, str], ...]:
+    """(module, warning) for each module whose FlexAttention mask could not be evaluated."""
+    return tuple((scope, UNREAD_WARNING.format(where=scope or "the model", why=why))
+                 for scope, why in session.unread.items())
 
