@@ -105,7 +105,7 @@ def count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any
     Raises:
         CountError: no counter could count the model; the message says why and what to do.
     """
-    with flex.standing_in(twin, options.causal, real_call()) as session:
+    with flex.standing_in(twin, options.causal, real_call) as session:
         counted = _count(target, twin, call, options, masks, real_call, n)
     if session is None or not session.calls:
         return counted

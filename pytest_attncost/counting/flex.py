@@ -67,7 +67,7 @@ class _Session:
     """What one count's stand-ins share."""
 
     read: bool  # evaluate masks (causal="half" or "kept")
-    given: list[Any]  # the user's own BlockMasks, with their values
+    inputs: Callable[[], Any]  # the user's own inputs, with their values (None for default inputs)
     calls: int = 0
     unread: dict[str, str] = field(default_factory=dict)  # module -> why its mask could not be evaluated
     traced: list[Keeps | None] = field(default_factory=list)  # jit: each core's keeps, in the order they ran
@@ -214,6 +214,14 @@ def _without_values(fn: Any) -> str | None:
     return None
 
 
+def _given_masks(given: Any) -> list[Any]:
+    """The BlockMasks among the user's inputs."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    return [leaf for leaf in pytree.tree_leaves(given, is_leaf=lambda x: isinstance(x, BlockMask))
+            if isinstance(leaf, BlockMask)]
+
+
 def _reason(exc: Exception) -> str:
     return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"[:200]
 
@@ -229,7 +237,7 @@ def _keeps(session: _Session, block_mask: Any) -> tuple[Keeps, bool] | str:
                 session.memo[key] = mask_keeps(mask_mod, *sizes)
         except Exception as exc:  # noqa: BLE001 - the user's mask_mod: its failure is the reason given
             # the user's own BlockMask, as given (its tensors were converted for the count)
-            same = [m for m in session.given if _sizes(m) == sizes and _code(m.mask_mod) == _code(mask_mod)]
+            same = [m for m in _given_masks(session.inputs()) if _sizes(m) == sizes and _code(m.mask_mod) == _code(mask_mod)]
             if len(same) == 1:
                 try:
                     with _outside_the_count():
@@ -422,18 +430,14 @@ def _substituted(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def standing_in(model: nn.Module, causal: str, given: Any = None) -> Iterator[_Session | None]:
-    """The stand-ins for one count of *model* (a twin): masks read unless *causal* is ``"full"``; *given*: the
-    user's own inputs, whose BlockMasks hold the values a converted copy lost. Yields None where torch has no
-    FlexAttention loaded (nothing to stand in for)."""
+def standing_in(model: nn.Module, causal: str, given: Callable[[], Any] = lambda: None) -> Iterator[_Session | None]:
+    """The stand-ins for one count of *model* (a twin): masks read unless *causal* is ``"full"``; *given* gives the
+    user's own inputs (called only where a mask cannot be evaluated: their BlockMasks hold the values a converted
+    copy lost). Yields None where torch has no FlexAttention loaded (nothing to stand in for)."""
     if _flex_module() is None or not hasattr(_flex_module(), "flex_attention"):
         yield None
         return
-    from torch.nn.attention.flex_attention import BlockMask
-
-    masks = [leaf for leaf in pytree.tree_leaves(given, is_leaf=lambda x: isinstance(x, BlockMask))
-             if isinstance(leaf, BlockMask)] if given is not None else []
-    session = _Session(read=causal != "full", given=masks)
+    session = _Session(read=causal != "full", inputs=given)
     token = _SESSION.set(session)
     try:
         with _substituted(model):
