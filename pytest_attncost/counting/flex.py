@@ -396,33 +396,45 @@ def _module_bindings(originals: dict[int, Callable[..., Any]]) -> list[tuple[dic
     return found
 
 
+def _swap(namespace: dict[str, Any], originals: dict[int, Callable[..., Any]], undo: list[Callable[[], None]],
+          keys: Any = None) -> None:
+    """Every flex function held in *namespace* (a module's globals, an instance's attributes) is its stand-in."""
+    for key in list(namespace) if keys is None else keys:
+        value = namespace.get(key)
+        replacement = _replacement(value, originals)
+        if replacement is not None:
+            namespace[key] = replacement
+            undo.append(functools.partial(namespace.__setitem__, key, value))
+
+
 @contextlib.contextmanager
 def _substituted(model: nn.Module) -> Iterator[None]:
-    """Every binding of the two functions a forward reaches is the stand-in; all put back afterwards."""
+    """Every binding of the two functions a forward reaches is the stand-in; all put back afterwards: module globals
+    (those the model's own methods read too: exec'd code, a notebook's cell), the model's class and instance
+    attributes, and transformers' compiled entry point."""
     originals = _originals()
     undo: list[Callable[[], None]] = []
     try:
-        for namespace, key, value in _module_bindings(originals):
-            namespace[key] = _replacement(value, originals)
-            undo.append(functools.partial(namespace.__setitem__, key, value))
-        helpers = sys.modules.get("transformers.integrations.flex_attention")
-        if helpers is not None and hasattr(helpers, "compile_friendly_flex_attention"):
-            undo.append(functools.partial(setattr, helpers, "compile_friendly_flex_attention",
-                                          helpers.compile_friendly_flex_attention))
-            helpers.compile_friendly_flex_attention = _compile_friendly
+        for namespace, key, _ in _module_bindings(originals):
+            _swap(namespace, originals, undo, [key])
         classes = {klass for module in model.modules() for klass in type(module).__mro__[:-1]}
+        spaces = {id(fn.__globals__): fn.__globals__ for klass in classes for fn in vars(klass).values()
+                  if isinstance(fn, types.FunctionType)}
+        for namespace in spaces.values():
+            _swap(namespace, originals, undo)
+        for module in model.modules():
+            _swap(vars(module), originals, undo)
         for klass in classes:
             for key, value in list(vars(klass).items()):
                 replacement = _replacement(value, originals)
                 if replacement is not None:
                     setattr(klass, key, staticmethod(replacement))
                     undo.append(functools.partial(setattr, klass, key, value))
-        for module in model.modules():
-            for key, value in list(vars(module).items()):
-                replacement = _replacement(value, originals)
-                if replacement is not None:
-                    vars(module)[key] = replacement
-                    undo.append(functools.partial(vars(module).__setitem__, key, value))
+        helpers = sys.modules.get("transformers.integrations.flex_attention")
+        if helpers is not None and hasattr(helpers, "compile_friendly_flex_attention"):
+            undo.append(functools.partial(setattr, helpers, "compile_friendly_flex_attention",
+                                          helpers.compile_friendly_flex_attention))
+            helpers.compile_friendly_flex_attention = _compile_friendly
         yield
     finally:
         for step in reversed(undo):
