@@ -136,6 +136,7 @@ def test_kept_counts_the_pairs_the_mask_keeps_per_head_and_layer(backend: str, m
         p = profile(model, inputs=(ids(),), backend=backend, causal="kept")
         assert p.attention_core == 2 * 2 * DH * pairs  # 2 layers, QK^T and AV
         assert (p.attention_proj, p.causal_applied, p.warnings) == (2 * proj(N), True, ())
+        assert any("FlexAttention counted over the query-key pairs its mask_mod keeps" in note for note in p.notes)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -267,4 +268,4 @@ def test_a_pytest_run_reports_the_kept_pairs_and_the_note(pytester: pytest.Pytes
     result.assert_outcomes(passed=1)
     row = json.loads((pytester.path / "out.json").read_text())["profiles"][0]
     assert row["attention_core"] == 2 * 2 * DH * H * window_pairs(N, 8)
-    assert any("FlexAttention counted as the dense n×m" in note for note in row["notes"])
+    assert any("FlexAttention counted over the query-key pairs its mask_mod keeps" in note for note in row["notes"])

@@ -109,7 +109,7 @@ def count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any
         counted = _count(target, twin, call, options, masks, real_call, n)
     if session is None or not session.calls:
         return counted
-    return dataclasses.replace(counted, notes=(flex.FLEX_NOTE,), unread=flex.unread(session))
+    return dataclasses.replace(counted, notes=(flex.FLEX_NOTES[session.causal],), unread=flex.unread(session))
 
 
 def _count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],

@@ -41,7 +41,7 @@ from ..errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["FLEX_NOTE", "UNREAD_WARNING", "Keeps", "StandInMask", "into_records", "mask_keeps", "new_trace",
+__all__ = ["FLEX_NOTES", "UNREAD_WARNING", "Keeps", "StandInMask", "into_records", "mask_keeps", "new_trace",
            "standing_in", "traced_keeps", "unread"]
 
 Keeps = tuple[int, int]  # (kept, all): the (batch, head, query, key) positions a mask keeps of all it spans
@@ -49,9 +49,15 @@ Keeps = tuple[int, int]  # (kept, all): the (batch, head, query, key) positions 
 #: Query rows x keys (x batch x heads) evaluated at once: 2**22 booleans, a few MiB.
 _BLOCK = 1 << 22
 
-FLEX_NOTE = ("FlexAttention counted as the dense n×m, every query-key pair (as eager flex_attention "
-             "runs it and FlopCounterMode counts it; a compiled kernel skips its BlockMask's empty 128×128 blocks); "
-             "causal='kept' counts the pairs its mask_mod keeps")
+#: How FlexAttention was counted, by causal accounting (the profile's note).
+FLEX_NOTES = {
+    "full": "FlexAttention counted as the dense n×m, every query-key pair (as eager flex_attention runs it and "
+            "FlopCounterMode counts it; a compiled kernel skips its BlockMask's empty 128×128 blocks); causal='kept' "
+            "counts the pairs its mask_mod keeps",
+    "half": "FlexAttention counted as the dense n×m, halved where its mask_mod is exactly causal",
+    "kept": "FlexAttention counted over the query-key pairs its mask_mod keeps, evaluated on index tensors per batch "
+            "entry and head (the dense n×m under causal='full')",
+}
 UNREAD_WARNING = ("FlexAttention in {where}: its mask_mod could not be evaluated ({why}), so the query-key pairs it "
                   "keeps are unknown and its core is counted as a mask of unknown form; a mask that reads data "
                   "(document ids, padding) needs those tensors with values: build the BlockMask outside the model "
@@ -66,7 +72,7 @@ def _flex_module() -> Any:
 class _Session:
     """What one count's stand-ins share."""
 
-    read: bool  # evaluate masks (causal="half" or "kept")
+    causal: str  # the causal accounting: masks are evaluated unless "full"
     inputs: Callable[[], Any]  # the user's own inputs, with their values (None for default inputs)
     calls: int = 0
     unread: dict[str, str] = field(default_factory=dict)  # module -> why its mask could not be evaluated
@@ -258,7 +264,7 @@ def _flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         session.calls += 1
     found: tuple[Keeps, bool] | None = None
     unread = None
-    if session is not None and session.read:
+    if session is not None and session.causal != "full":
         read = ((1, 1), False) if block_mask is None else _keeps(session, block_mask)  # no mask: every pair
         found, unread = (None, read) if isinstance(read, str) else (read, None)
     causal = found is not None and found[1] and query.shape[-2] == key.shape[-2]
@@ -449,7 +455,7 @@ def standing_in(model: nn.Module, causal: str, given: Callable[[], Any] = lambda
     if _flex_module() is None or not hasattr(_flex_module(), "flex_attention"):
         yield None
         return
-    session = _Session(read=causal != "full", inputs=given)
+    session = _Session(causal=causal, inputs=given)
     token = _SESSION.set(session)
     try:
         with _substituted(model):
