@@ -13,7 +13,7 @@ globals, a ``torch.compile`` wrapper of them, the model's class and instance att
   query-key pair (what eager flex materialises and FlopCounterMode counts; a compiled kernel skips the
   mask's empty 128×128 blocks). A ``score_mod`` changes no MAC count.
 
-Under ``causal="half"`` or ``"kept"`` the mask is read: ``mask_mod`` is evaluated on real CPU index
+Under ``causal="half"`` or ``"kept"`` the mask is evaluated: ``mask_mod`` is evaluated on real CPU index
 tensors, a block of query rows at a time (memory stays bounded at long n), outside the tracer and the
 fake-tensor mode, giving the positions it keeps of all it spans, per batch and head
 (:attr:`~pytest_attncost.ops.OpRecord.keeps`). A mask that is exactly causal makes the core
@@ -24,6 +24,7 @@ evaluated: its core's mask is unknown, and a warning names the module.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 import types
@@ -78,7 +79,8 @@ class _Session:
     unread: dict[str, str] = field(default_factory=dict)  # module -> why its mask could not be evaluated
     traced: list[Keeps | None] = field(default_factory=list)  # jit: each core's keeps, in the order they ran
     records: list[Any] | None = None  # torch backend: the recorder's records
-    memo: dict[Any, tuple[Keeps, bool] | str] = field(default_factory=dict)
+    memo: dict[Any, tuple[Keeps, bool] | str] = field(default_factory=dict)  # (id of mask_mod, sizes) -> keeps
+    held: list[Any] = field(default_factory=list)  # the mask_mods memoised: alive, so that no other reuses an id
 
 
 _SESSION: ContextVar[_Session | None] = ContextVar("attncost_flex", default=None)
@@ -228,30 +230,26 @@ def _given_masks(given: Any) -> list[Any]:
             if isinstance(leaf, BlockMask)]
 
 
-def _reason(exc: Exception) -> str:
-    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"[:200]
+def _evaluated(mask_mod: Callable[..., Any], sizes: tuple[int, int, int, int]) -> tuple[Keeps, bool] | str:
+    try:
+        with _outside_the_count():
+            return mask_keeps(mask_mod, *sizes)
+    except Exception as exc:  # noqa: BLE001 - the user's mask_mod: its failure is the reason given
+        return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"[:200]
 
 
 def _keeps(session: _Session, block_mask: Any) -> tuple[Keeps, bool] | str:
     """What *block_mask* keeps, or why it could not be evaluated."""
-    sizes = _sizes(block_mask)
-    mask_mod = block_mask.mask_mod
+    sizes, mask_mod = _sizes(block_mask), block_mask.mask_mod
     key = (id(mask_mod), sizes)
     if key not in session.memo:
-        try:
-            with _outside_the_count():
-                session.memo[key] = mask_keeps(mask_mod, *sizes)
-        except Exception as exc:  # noqa: BLE001 - the user's mask_mod: its failure is the reason given
-            # the user's own BlockMask, as given (its tensors were converted for the count)
-            same = [m for m in _given_masks(session.inputs()) if _sizes(m) == sizes and _code(m.mask_mod) == _code(mask_mod)]
-            if len(same) == 1:
-                try:
-                    with _outside_the_count():
-                        session.memo[key] = mask_keeps(same[0].mask_mod, *sizes)
-                except Exception as again:  # noqa: BLE001
-                    session.memo[key] = _reason(again)
-            else:
-                session.memo[key] = _reason(exc)
+        session.held.append(mask_mod)
+        found = _evaluated(mask_mod, sizes)
+        if isinstance(found, str):  # the user's own BlockMask, as given (its tensors were converted for the count)
+            same = [given for given in _given_masks(session.inputs())
+                    if _sizes(given) == sizes and _code(given.mask_mod) == _code(mask_mod)]
+            found = _evaluated(same[0].mask_mod, sizes) if len(same) == 1 else found
+        session.memo[key] = found
     return session.memo[key]
 
 
@@ -293,8 +291,6 @@ def _flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def _mark(session: _Session, start: int, keeps: Keeps | None) -> None:
     """Tie *keeps* to the records of the core just run: the torch backend's (made since *start*); under the jit
     tracer, the next in the list the fvcore handles read after the trace (:func:`traced_keeps`)."""
-    import dataclasses
-
     if session.records is not None:
         for index in range(start, len(session.records)):
             if keeps is not None and session.records[index].backward_of is None:
