@@ -156,6 +156,19 @@ def test_a_document_mask_made_outside_and_grouped_query_heads(backend: str) -> N
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_mask_that_differs_per_batch_entry(backend: str) -> None:
+    docs = torch.tensor([[0] * 20 + [1] * 20, [0] * 40])  # two documents in the first row, one in the second
+
+    def document(b, h, q, k):
+        return (docs[b, q] == docs[b, k]) & (q >= k)
+
+    mask = create_block_mask(document, 2, None, N, N, device="cpu")
+    p = profile(Model(), inputs=(torch.zeros(2, N, dtype=torch.long), mask), backend=backend, causal="kept")
+    assert p.attention_core == 2 * 2 * DH * H * (2 * 20 * 21 // 2 + 40 * 41 // 2)
+    assert p.batch == 2 and p.warnings == ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_score_mod_changes_no_mac(backend: str) -> None:
     def alibi(score, b, h, q, k):
         return score - (h + 1) * (q - k).abs()
