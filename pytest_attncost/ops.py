@@ -248,6 +248,10 @@ class OpRecord:
         backward_of: in a train-mode count, the index of the forward record a backward op
             differentiates (-1 when none was counted); None for forward ops.
         weights: the elements of its operands that are parameters (the weights it reads).
+        keeps: for the records of a FlexAttention core (forward and backward), ``(kept, all)``: the
+            (batch, head, query, key) positions its ``mask_mod`` keeps of all it spans, evaluated while
+            counting under ``causal="half"`` or ``"kept"``; None elsewhere. Its MACs over the kept pairs
+            are ``macs * kept // all``.
     """
 
     op: str
@@ -260,6 +264,7 @@ class OpRecord:
     sources: tuple[tuple[int, ...], ...] = ()
     backward_of: int | None = None
     weights: int = 0
+    keeps: tuple[int, int] | None = None
 
     @property
     def moved(self) -> tuple[int, int]:

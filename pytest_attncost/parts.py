@@ -184,7 +184,13 @@ def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
 
 def _counted_core(record: OpRecord, causal_modules: frozenset[str], bidirectional: frozenset[str],
                   local: Mapping[str, tuple[str, int]], result: Split) -> int:
-    """A core's MACs under ``causal="half"`` or ``"kept"``: the pairs kept where it is causal self-attention."""
+    """A core's MACs under ``causal="half"`` or ``"kept"``: the pairs kept where it is causal self-attention (under
+    ``"kept"``, a FlexAttention core's: those its mask_mod keeps, as evaluated while counting)."""
+    if record.keeps is not None and result.causal == "kept":
+        kept, every = record.keeps
+        macs = record.macs * kept // every
+        result.halved |= macs != record.macs
+        return macs
     mask, scopes = record.mask, ancestors(record.scope)
     if mask == "causal" or any(name in causal_modules for name in scopes):
         kept = _kept(record, next((local[name] for name in scopes if name in local), None))

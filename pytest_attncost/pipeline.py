@@ -235,6 +235,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
     decoding = options.mode == "decode"
     if counted.real:
         notes.append(REAL_NOTE)
+    notes += counted.notes  # how FlexAttention was counted
     if decoding:
         n, batch = inputs.decode_lengths(target, built, n, batch, batch_given, spec, parts, options.new_tokens)
     else:
@@ -265,6 +266,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
     warnings += _formula_warnings(result)
     if counted.unchecked:
         warnings.append(counted.unchecked)
+    warnings += [warning for scope, warning in counted.unread if scope in parts.unknown_masks]
     if result.kv_cache_bytes == 0:
         warnings.append(CACHE_BYTES_WARNING.format(n=n))
     if parts.halved and not decoding and not setup.local:  # local attention keeps fewer pairs than n(n+1)/2

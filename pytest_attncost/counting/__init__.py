@@ -12,6 +12,7 @@ ops, the torch backend looks inside them. Each step says what it did.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..errors import CountError
 from ..families import prepare_twin
 from ..inputs import to_real
 from ..ops import RawCount, is_fused, is_product
+from . import flex
 from .dispatch import at_lengths, count_forward_torch, module_totals
 from .jit import count_forward
 from .masks import buffer_masks
@@ -58,6 +60,9 @@ class Counted:
         fallback: why the torch backend stood in for fvcore (None when it did not).
         unchecked: a warning: custom autograd Functions fvcore saw as opaque could not be looked into.
         real: counted on real tensors (the last resort): it holds for these inputs' values only.
+        notes: how FlexAttention was counted (:mod:`.flex`), where it ran.
+        unread: (module, warning) where a FlexAttention mask could not be evaluated: the split's cores there
+            have a mask of unknown form (the warning is for those it counts in full).
     """
 
     raw: RawCount
@@ -65,6 +70,8 @@ class Counted:
     fallback: str | None = None
     unchecked: str | None = None
     real: bool = False
+    notes: tuple[str, ...] = ()
+    unread: tuple[tuple[str, str], ...] = ()
 
 
 #: Lengths up to which the fallback may run real tensors (weights and activations in memory).
@@ -92,11 +99,22 @@ def count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any
     to its cache), with the options' backend, falling back as :mod:`.counting` says.
 
     *real_call* gives the user's own inputs with their values (None for default inputs): the last
-    resort runs on those, so data-dependent branches take the path they take.
+    resort runs on those, so data-dependent branches take the path they take. FlexAttention runs as
+    its stand-ins meanwhile (:mod:`.flex`).
 
     Raises:
         CountError: no counter could count the model; the message says why and what to do.
     """
+    with flex.standing_in(twin, options.causal, real_call) as session:
+        counted = _count(target, twin, call, options, masks, real_call, n)
+    if session is None or not session.calls:
+        return counted
+    return dataclasses.replace(counted, notes=(flex.FLEX_NOTES[session.causal],), unread=flex.unread(session))
+
+
+def _count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+           options: Options, masks: Mapping[str, Any] | None,
+           real_call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None], n: int | None) -> Counted:
     train = options.mode == "train"
     backend = "torch" if train else options.backend  # a backward needs the dispatcher's counter
     try:

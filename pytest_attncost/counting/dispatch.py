@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 from .. import one_run
 from ..errors import CountError, hint, site
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
+from . import flex
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, score_op, sdpa_label
 from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
 from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
@@ -352,7 +353,7 @@ class _TorchRecorder:
         for index, labels in self.labels.items():
             records[index] = dataclasses.replace(records[index], mask=combine(labels))
         for index, source in self.backward_of.items():
-            records[index] = dataclasses.replace(records[index], mask=records[source].mask)
+            records[index] = dataclasses.replace(records[index], mask=records[source].mask, keeps=records[source].keeps)
         return records
 
 
@@ -477,7 +478,7 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
             if fake:
                 made: dict[int, Any] = {}
                 args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf, made), (args, kwargs))
-            with counter, torch.set_grad_enabled(train), _Einsums(recorder):
+            with counter, torch.set_grad_enabled(train), _Einsums(recorder), flex.into_records(recorder.records):
                 output = model(*args, **kwargs)
                 if train:
                     leaves: list[torch.Tensor] = []

@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 from ..errors import CountError, hint, site
 from ..families import traceable
 from ..ops import MASK_UNKNOWN, PRODUCTS, SDPA_OPS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, is_product, short
+from .flex import new_trace, traced_keeps
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, score_op, sdpa_label
 from .repeats import (SHORTCUT, NotRepeating, Repeats, Run, alike, copied, layer_records, passes_through, rename,
                       transported)
@@ -246,6 +247,7 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
         ctx.records.append(OpRecord(
             op=op, scope=_scope_of(out.node()), macs=count, origin=origin, shapes=shapes, out_shape=out_shape,
             mask=mask, sources=sources, weights=weights,
+            keeps=traced_keeps(out.node().sourceRange()) if op in SDPA_OPS else None,  # a FlexAttention core's
         ))
         if product:
             ctx.made(len(ctx.records) - 1, outputs)
@@ -562,6 +564,7 @@ def _trace(
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
     returned, aliases = _handles(analysis, ctx, harness, default_ops, repeats)
     with _counting_environment():
+        new_trace()
         try:
             total = analysis.total()
         except CountError:
