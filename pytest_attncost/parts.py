@@ -19,7 +19,8 @@ from typing import Any
 from .errors import ProfileError
 from .formulas import ModelSpec, kept_pairs
 from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product, parent, within
-from .roles import ROLE_NAMES, Flow, Structure, product_part, role_of
+from .flow import Flow
+from .roles import ROLE_NAMES, Structure, product_part, role_of
 from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)

@@ -35,7 +35,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product, parent, within
+from .flow import Flow, rows, table, width_of
+from .ops import OpRecord, ancestors, is_fused, is_product, parent, within
 from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
@@ -69,138 +70,6 @@ def _common(scopes: Iterable[str]) -> str:
         chain = ancestors(scope)
         found = chain if found is None else [a for a in chain if a in found]
     return found[0] if found else ""
-
-
-# --- the data flow --------------------------------------------------------------------------------
-
-
-class Flow:
-    """The products of one count, who consumes whose result, and the attention calls (chained cores).
-
-    Attributes:
-        products: indices of the forward products and fused attention ops.
-        consumers: index -> the products whose operands its result reaches.
-        groups: the attention calls: each the indices of its cores, in graph order.
-        group_of: core index -> its group's position in *groups*.
-    """
-
-    def __init__(self, records: Sequence[OpRecord]) -> None:
-        self.records = records
-        self.products = [i for i, r in enumerate(records) if r.backward_of is None and (is_product(r.op) or is_fused(r.op))]
-        self.consumers: dict[int, list[int]] = {i: [] for i in self.products}
-        for i in self.products:
-            for source in sorted(records[i].fed_by):
-                if source in self.consumers:
-                    self.consumers[source].append(i)
-        parent: dict[int, int] = {}
-
-        def root(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        for i in self.products:
-            record = records[i]
-            if is_fused(record.op):
-                parent.setdefault(i, i)
-            elif record.origin == "activation":
-                for k, operand in enumerate(record.sources):  # scores (or K^T V) reaching the next product
-                    others = {s for j, o in enumerate(record.sources) if j != k for s in o}
-                    # scores reach one operand (probabilities @ V), not both (x @ x^T of a residual stream)
-                    for path in (self._score_path(s) for s in operand if s not in others):
-                        for source in path:
-                            parent.setdefault(source, source)
-                            parent.setdefault(i, i)
-                            parent[root(i)] = root(source)
-        groups: dict[int, list[int]] = {}
-        for i in sorted(parent):
-            groups.setdefault(root(i), []).append(i)
-        self.groups = list(groups.values())
-        self.group_of = {i: g for g, members in enumerate(self.groups) for i in members}
-
-    def _score_path(self, i: int) -> list[int]:
-        """The products that made the scores reaching a later product through *i*: *i* itself where it is scores,
-        or parameter products that mix the scores without changing their size (talking heads: a square h x h
-        matrix, or a 1x1 convolution, over the heads between QK^T and AV) with the QK^T they mix; else nothing."""
-        if self._scores(i):
-            return [i]
-        record = self.records[i]
-        if record.origin != "param" or not is_product(record.op) or not record.fed_by or not record.out_shape:
-            return []
-        size = math.prod(record.out_shape)
-        square = any(len(shape) >= 2 and shape[0] == shape[1] and all(d == 1 for d in shape[2:])
-                     and shape[0] ** 2 < size for shape in record.shapes)  # h x h, or a 1x1 convolution's (h, h, 1, 1)
-        found = [i]
-        for source in sorted(record.fed_by):  # every input a mix of the same scores (sim + mix(sim) included)
-            if not square or source not in self.consumers or math.prod(self.records[source].out_shape or (0,)) != size:
-                return []
-            if self._scores(source):  # the first product of a call (QK^T), not one that takes scores (AV: then O)
-                below = [] if any(self._scores(s) for s in self.records[source].fed_by) else [source]
-            else:
-                below = self._score_path(source)
-            if not below:
-                return []
-            found += below
-        return list(dict.fromkeys(found))
-
-    def _scores(self, i: int) -> bool:
-        """A forward product of two activations whose result has rows (scores, K^T V; one column when a step
-        attends to a single key)."""
-        record = self.records[i]
-        return (i in self.consumers and record.origin == "activation" and is_product(record.op)
-                and len(record.out_shape) >= 2)
-
-    def params(self, indices: Iterable[int]) -> list[int]:
-        """The parameter products among *indices* that multiply a matrix (a product of vectors with a parameter
-        vector makes a table, rotary's positions x frequencies, not a projection)."""
-        return [i for i in indices if i in self.matrices]
-
-    @functools.cached_property
-    def matrices(self) -> dict[int, None]:
-        """The parameter products that multiply a matrix, in graph order (see :meth:`params`)."""
-        records = self.records
-        return dict.fromkeys(i for i in self.products if records[i].origin == "param" and i not in self.group_of
-                             and not _table(records[i]))
-
-    @functools.cached_property
-    def attending(self) -> frozenset[str]:
-        """The modules that run an attention core (the cores' scopes and every module enclosing them)."""
-        return self.holders(i for group in self.groups for i in group)
-
-    @functools.cached_property
-    def readers(self) -> dict[frozenset[int], list[int]]:
-        """The products that read the same results -> the parameter products among them that multiply a matrix."""
-        found: dict[frozenset[int], list[int]] = {}
-        for i in self.matrices:
-            found.setdefault(self.records[i].fed_by, []).append(i)
-        return found
-
-    @functools.cached_property
-    def under(self) -> dict[str, list[int]]:
-        """Module -> the products that run inside it (the root ``""`` holds them all), in graph order."""
-        found: dict[str, list[int]] = {}
-        for i in self.products:
-            for module in ancestors(self.records[i].scope):
-                found.setdefault(module, []).append(i)
-        return found
-
-    def holders(self, indices: Iterable[int]) -> frozenset[str]:
-        """The modules that hold any of the products *indices* (their scopes and every module enclosing them)."""
-        return frozenset(module for i in indices for module in ancestors(self.records[i].scope))
-
-
-def _table(record: OpRecord) -> bool:
-    """A product of vectors only (rotary's positions x frequencies): it makes a table, it projects nothing.
-    Vectors as such, or columns times rows (an outer product: the contracted dimension is 1)."""
-    shapes = record.shapes
-    if not shapes:
-        return False
-    return (all(len(shape) < 2 for shape in shapes)
-            or (record.op in _OUTER and len(shapes) == 2 and len(shapes[0]) >= 2 and shapes[0][-1] == 1))
-
-
-_OUTER = ("aten::matmul", "aten::mm", "aten::bmm")  # a @ b, contracting a's last dimension
 
 
 def core_scopes(records: Sequence[OpRecord]) -> dict[str, None]:
@@ -264,7 +133,7 @@ def _fused_entries(flow: Flow, group: list[int], entry: list[int]) -> dict[int, 
         others = [u for u in flow.consumers[i] if u not in cores]
         if not others or not all(u in flow.matrices for u in others):  # an MLP's input beside Q, K, V
             continue
-        tokens, width = rows(records[i]), _width(records[i], result=True)
+        tokens, width = rows(records[i]), width_of(records[i], result=True)
         sizes = [math.prod(records[c].shapes[k]) for c in group for k, operand in enumerate(records[c].sources)
                  if i in operand and k < len(records[c].shapes)]
         taken = sum(size // tokens for size in sizes) if tokens and all(size % tokens == 0 for size in sizes) else 0
@@ -288,8 +157,8 @@ def _outputs(flow: Flow, group: list[int], found: set[int], ok: Callable[[int], 
                 for s in beside):
             continue
         out.append(i)
-        columns = _width(records[i])
-        widths = [fused[s][1] - fused[s][0] if s in fused else _width(records[s], result=True) for s in beside]
+        columns = width_of(records[i])
+        widths = [fused[s][1] - fused[s][0] if s in fused else width_of(records[s], result=True) for s in beside]
         if all(width == columns for width in widths) and not fused.keys() & set(beside):  # a gate (Qwen3-Next)
             out += [s for s in beside if s not in found]
             found.update(beside)
@@ -299,30 +168,12 @@ def _outputs(flow: Flow, group: list[int], found: set[int], ok: Callable[[int], 
     return out, shared
 
 
-def rows(record: OpRecord) -> int:
-    """The rows a product's result has (every dimension of its output but the last): tokens, for a projection
-    or an FFN of a batch of sequences."""
-    return math.prod(record.out_shape[:-1]) if record.out_shape else 0
-
-
 def query_rows(flow: Flow, group: Sequence[int], entry: Iterable[int]) -> int:
     """The rows of an attention call's query projections (of its first core's first operand; of any of its
     projections where that one shows none): the tokens its layer runs on."""
     entry, first = list(entry), flow.records[group[0]]
     queries = [i for i in entry if first.sources and i in first.sources[0]]
     return min((rows(flow.records[i]) for i in queries or entry), default=0)
-
-
-def _width(record: OpRecord, result: bool = False) -> int:
-    """The columns a product contracts (its first operand's last dimension: x in x @ W), or those of its *result*;
-    0 where its shapes do not say."""
-    operands = PRODUCTS[record.op].operands if record.op in PRODUCTS else ()
-    if result:
-        shape = record.out_shape
-    else:  # the first matrix among the shapes (the backends record addmm's bias before it, or leave it out)
-        first = operands[0] if operands and len(record.shapes) > len(operands) else 0
-        shape = record.shapes[first] if operands and len(record.shapes) > first else ()
-    return shape[-1] if len(shape) >= 2 else 0
 
 
 def _cross(flow: Flow, projections: Projections) -> bool:
@@ -573,7 +424,7 @@ def _adapted(flow: Flow, i: int) -> int | None:
     (source,) = records[i].fed_by
     down, width = records[source], records[i].out_shape[-1]
     rank = down.out_shape[-1] if down.out_shape else 0
-    if down.origin != "param" or not 0 < rank < min(_width(down), width):
+    if down.origin != "param" or not 0 < rank < min(width_of(down), width):
         return None
     consumers = set(flow.consumers[i])
     return next((w for w in flow.readers.get(down.fed_by, ()) if w not in (i, source)
@@ -615,7 +466,7 @@ def _leftover(flow: Flow, i: int, parts: Sequence[str], tokens: int, wrapped: st
     record = flow.records[i]
     if record.origin != "param":
         return "other" if record.origin == "buffer" else "unplaced"
-    if _table(record):
+    if table(record):
         return "other"
     adapted = _adapted(flow, i)
     if adapted is not None and parts[adapted] != "other":
