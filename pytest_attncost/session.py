@@ -33,7 +33,7 @@ from .markers import (
     merged_kwargs,
     parse_marker_kwargs,
 )
-from .baseline import BaselineError, Prune, compare, entry_key, load, save
+from .baseline import BaselineError, Prune, compare, entry_key, is_baseline, load, save
 from . import files, plots
 from .reporting import Row, RowKey, SweepRow, render_export, render_json, render_markdown, render_terminal, row_key
 from .result import versions
@@ -306,6 +306,10 @@ class AttncostSession:
         self.collected = 0
         self.incomplete: list[str] = []  # why this run did not see the whole suite
         self.file_errors: list[str] = []  # files that could not be written after the tests
+        self.saved: str | None = None  # the line that says what --attncost-save did
+        self.writing = ""  # the file being written, for the message when Ctrl-C stops it
+        self.interrupted: str | None = None
+        self.session: pytest.Session | None = None
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         """Collection of one file or directory: an error means part of the suite is unseen."""
@@ -420,10 +424,21 @@ class AttncostSession:
 
         The baseline comes first; then the plots (the Markdown report links them), the JSON and
         Markdown reports and the step summary. A file that cannot be written, or a plot matplotlib
-        cannot draw, is reported (and fails the run) without costing the others.
+        cannot draw, is reported (and fails the run) without costing the others. Ctrl-C while they are
+        written ends the session as pytest's interrupted one: the file being written keeps its old content
+        or holds the new one whole, the files before it are written, the ones after it are not.
         """
         if is_worker(self.config):
             return
+        self.session = session
+        try:
+            self._write_files(session)
+        except KeyboardInterrupt:
+            self.interrupted = (f"KeyboardInterrupt while attncost wrote the {self.writing}: it holds its old "
+                                "content or the new one whole; the files after it were not written")
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+
+    def _write_files(self, session: pytest.Session) -> None:
         rows = self.final_rows()
         sweeps = self.final_sweeps()
         unit = self.settings.unit
@@ -452,7 +467,11 @@ class AttncostSession:
 
     def _write(self, what: str, path: Path, write: Callable[[], None],
                errors: type[Exception] | tuple[type[Exception], ...] = (OSError, files.Refused)) -> None:
+        self.writing = f"{what} ({path})"
         try:
+            if what != "plots" and not self.settings.replace_baseline and is_baseline(path):  # made since the start
+                raise files.Refused(f"{path} holds a saved baseline now, which this report would replace; give the "
+                                    "report another path, or pass --attncost-replace-baseline")
             write()
         except errors as exc:
             reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror
@@ -475,8 +494,9 @@ class AttncostSession:
         prune = self._prune(session) if self.settings.save_prune else None
         path = self.settings.save_path
         assert path is not None
+        self.writing = f"baseline ({path})"
         try:
-            save(path, rows, prune, self.settings.lock_timeout)
+            self.saved = str(save(path, rows, prune, self.settings.lock_timeout))
         except (BaselineError, files.Refused) as exc:
             self.file_errors.append(f"attncost: the baseline was not saved: {exc}")
         except OSError as exc:
@@ -486,6 +506,18 @@ class AttncostSession:
         """End of the run: baseline notes, then the table when asked for."""
         if is_worker(self.config):
             return
+        try:
+            self._summary(terminalreporter)
+        except KeyboardInterrupt:
+            self.interrupted = "KeyboardInterrupt while attncost printed its report"
+            if self.session is not None:
+                self.session.exitstatus = pytest.ExitCode.INTERRUPTED
+        if self.interrupted is not None:
+            terminalreporter.write_sep("!", f"Interrupted: {self.interrupted}", red=True)
+
+    def _summary(self, terminalreporter: Any) -> None:
+        if self.saved is not None:
+            terminalreporter.write_line(self.saved)
         self._baseline_summary(terminalreporter)
         unit = self.settings.unit
         for line in self.file_errors:
