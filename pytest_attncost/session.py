@@ -307,7 +307,6 @@ class AttncostSession:
         self.incomplete: list[str] = []  # why this run did not see the whole suite
         self.file_errors: list[str] = []  # files that could not be written after the tests
         self.saved: str | None = None  # the line that says what --attncost-save did
-        self.writing = ""  # the file being written, for the message when Ctrl-C stops it
         self.interrupted: str | None = None
         self.session: pytest.Session | None = None
 
@@ -424,21 +423,13 @@ class AttncostSession:
 
         The baseline comes first; then the plots (the Markdown report links them), the JSON and
         Markdown reports and the step summary. A file that cannot be written, or a plot matplotlib
-        cannot draw, is reported (and fails the run) without costing the others. Ctrl-C while they are
-        written ends the session as pytest's interrupted one: the file being written keeps its old content
-        or holds the new one whole, the files before it are written, the ones after it are not.
+        cannot draw, is reported (and fails the run) without costing the others. Ctrl-C while one is
+        written ends the session as pytest's interrupted one (exit 2): that file keeps its old content or
+        holds the new one whole, and the others are written.
         """
         if is_worker(self.config):
             return
         self.session = session
-        try:
-            self._write_files(session)
-        except KeyboardInterrupt:
-            self.interrupted = (f"KeyboardInterrupt while attncost wrote the {self.writing}: it holds its old "
-                                "content or the new one whole; the files after it were not written")
-            session.exitstatus = pytest.ExitCode.INTERRUPTED
-
-    def _write_files(self, session: pytest.Session) -> None:
         rows = self.final_rows()
         sweeps = self.final_sweeps()
         unit = self.settings.unit
@@ -462,17 +453,26 @@ class AttncostSession:
         if summary and (self.settings.report or self.settings.markdown_path is not None):
             text = render_markdown(rows, unit, sweeps, link_plots=False)
             self._write("GITHUB_STEP_SUMMARY", Path(summary), lambda: files.write(Path(summary), text, append=True))
-        if self.file_errors and session.exitstatus == pytest.ExitCode.OK:
+        if self.interrupted is not None:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+        elif self.file_errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _stopped(self, what: str) -> None:
+        """Ctrl-C while *what* was written: it holds its old content or the new one whole (the writer renames a
+        complete temporary, or removes it); the session ends as interrupted, once every other file is written."""
+        self.interrupted = (f"KeyboardInterrupt while attncost wrote the {what}: it holds its old content or the "
+                            "new one whole; the other files were written")
 
     def _write(self, what: str, path: Path, write: Callable[[], None],
                errors: type[Exception] | tuple[type[Exception], ...] = (OSError, files.Refused)) -> None:
-        self.writing = f"{what} ({path})"
         try:
             if what != "plots" and not self.settings.replace_baseline and is_baseline(path):  # made since the start
                 raise files.Refused(f"{path} holds a saved baseline now, which this report would replace; give the "
                                     "report another path, or pass --attncost-replace-baseline")
             write()
+        except KeyboardInterrupt:
+            self._stopped(f"{what} ({path})")
         except errors as exc:
             reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror
                       else str(exc) if isinstance(exc, files.Refused) else f"{type(exc).__name__}: {exc}")
@@ -494,9 +494,10 @@ class AttncostSession:
         prune = self._prune(session) if self.settings.save_prune else None
         path = self.settings.save_path
         assert path is not None
-        self.writing = f"baseline ({path})"
         try:
             self.saved = str(save(path, rows, prune, self.settings.lock_timeout))
+        except KeyboardInterrupt:
+            self._stopped(f"baseline ({path})")
         except (BaselineError, files.Refused) as exc:
             self.file_errors.append(f"attncost: the baseline was not saved: {exc}")
         except OSError as exc:
