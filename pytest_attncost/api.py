@@ -16,7 +16,7 @@ from torch import nn
 
 from . import families, one_run, pipeline, timing
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
-from .counting import Options, masks, unwrap
+from .counting import Options, kept_torch_state, masks, unwrap
 from .errors import ProfileError, TimingError
 from .formulas import ModelSpec
 from .inputs import LARGEST_TOKENS, TOO_LARGE, Built, Inputs, build
@@ -190,8 +190,10 @@ def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | N
     cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
     if cached is not None:
         return cached, None, target
-    built = build(target, n, batch, inputs, mode == "decode", options.new_tokens, m)
-    result = pipeline.run(target, model_name, spec, spec_note, spec_read, built, n, batch, batch_given, roles, options)
+    with kept_torch_state():  # a forward that sets the default dtype or the threads leaves them as they were
+        built = build(target, n, batch, inputs, mode == "decode", options.new_tokens, m)
+        result = pipeline.run(target, model_name, spec, spec_note, spec_read, built, n, batch, batch_given, roles,
+                              options)
     if pipeline.REAL_NOTE not in result.notes:  # a count on real values holds for those values only
         store(key, result)
     return result, built, target
