@@ -222,7 +222,8 @@ def sweep(
     target = _resolve_model(model)
     if profile_kwargs.get("name") is None:
         profile_kwargs["name"] = type(target).__name__
-    swept = pipeline.sweep_in_one_run(target, lengths, profile_kwargs)
+    with kept_torch_state():
+        swept = pipeline.sweep_in_one_run(target, lengths, profile_kwargs)
     if swept is not None:
         return Sweep(swept, one_run=True)
     return Sweep([profile(target, n, **profile_kwargs) for n in lengths])

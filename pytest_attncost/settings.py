@@ -156,9 +156,13 @@ def _distinct(named: dict[str, Path | None]) -> None:
         for other, earlier, earlier_real in seen:
             if real == earlier_real or _samefile(path, earlier):
                 where = f" ({real})" if str(path) != real or str(earlier) != real else ""
-                raise pytest.UsageError(f"{other}={earlier} and {option}={path} name the same file{where}: "
-                                        "give them different paths")
+                raise pytest.UsageError(f"{_spelled(other, earlier)} and {_spelled(option, path)} name the same "
+                                        f"file{where}: give them different paths")
         seen.append((option, path, real))
+
+
+def _spelled(option: str, path: Path) -> str:
+    return f"{option}{':' if option.startswith('--attncost-export=') else '='}{path}"
 
 
 def _samefile(one: Path, other: Path) -> bool:
@@ -183,6 +187,9 @@ def _plot_dir(config: pytest.Config) -> Path | None:
     plot_dir = _path_value(config, "attncost_plot", None)
     if plot_dir is None:
         return None
+    planted = files.planted_link(plot_dir)  # the plots' own files are checked as they are written
+    if planted is not None:
+        raise pytest.UsageError(f"--attncost-plot={plot_dir}: {planted}")
     if plot_dir.exists() and not plot_dir.is_dir():
         raise pytest.UsageError(f"--attncost-plot={plot_dir}: is a file; give a directory")
     if not plot_dir.parent.is_dir():

@@ -77,8 +77,9 @@ def test_two_options_naming_one_real_file_are_a_usage_error(project: pytest.Pyte
         args = [f"--attncost-export=bencher:{project.path}/sub/here/b.json"]
     result = project.runpytest(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    first, second = ("--attncost-save", "--attncost-export=bencher" if "ini" in how else args[1].split("=")[0])
-    result.stderr.fnmatch_lines([f"*{first}=*b.json and {second}=*.json name the same file*give them different paths"])
+    second = "--attncost-export=bencher:" if "ini" in how else args[1].split("=")[0] + "="
+    result.stderr.fnmatch_lines([f"*--attncost-save=*b.json and {second}*.json name the same file*give them different "
+                                 "paths"])
     assert base.read_bytes() == before
 
 
