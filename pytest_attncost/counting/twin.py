@@ -295,10 +295,14 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
 }
 
 
-#: Backend flags a forward may set, put back the same way.
-_FLAGS = ((torch.backends.cudnn, "deterministic"), (torch.backends.cudnn, "benchmark"),
-          (torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32"),
-          (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"))
+#: Backend flags a forward may set, put back the same way (TF32 is the matmul precision's: torch refuses to read
+#: its legacy flags once the new API was used).
+_FLAGS = tuple((owner, name) for owner, name in (
+    (torch.backends.cudnn, "deterministic"), (torch.backends.cudnn, "benchmark"),
+    (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+    (torch.backends, "fp32_precision"), (torch.backends.cuda.matmul, "fp32_precision"),  # torch >= 2.9
+    (torch.backends.cudnn, "fp32_precision"), (torch.backends.mkldnn, "fp32_precision"),
+) if hasattr(owner, name))
 
 
 @contextlib.contextmanager
@@ -312,7 +316,7 @@ def kept_torch_state() -> Iterator[None]:
         yield
     finally:
         for (owner, name), value in zip(_FLAGS, flags):
-            if getattr(owner, name) != value:  # only what changed: a legacy flag set mixes torch's TF32 APIs
+            if getattr(owner, name) != value:
                 setattr(owner, name, value)
         for name, (read, restore) in _SETTINGS.items():
             if saved[name] is not _UNREADABLE and _read(read) != saved[name]:
