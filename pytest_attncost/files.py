@@ -47,6 +47,8 @@ FOREIGN_LINK = ("{link} is a link that another user (uid {uid}) made in a direct
                 "it is not followed: remove it, or write elsewhere")
 OWNER = ("{path} belongs to uid {uid} and group {gid}; replacing it as uid {me} would change its owner or group "
          "(the new file would be this user's): save it as its owner, or write elsewhere")
+NOT_YOURS = ("{path} belongs to uid {uid} and group {gid}, and this user (uid {me}) may not write it; write it as "
+             "its owner, or have them give it back (chown), or write elsewhere")
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _IN_PLACE = ("a character device", "a FIFO")  # the special files written in place
@@ -135,6 +137,8 @@ def unwritable(path: Path, *, append: bool = False) -> str | None:
         if _read_only_fs(target):
             return READ_ONLY_FS.format(path=path, where=target)
         # no write bit for anyone: the owner's intent, which root's access would override
+        if info.st_mode & 0o222 and not os.access(path, os.W_OK) and info.st_uid != os.geteuid():
+            return NOT_YOURS.format(path=path, uid=info.st_uid, gid=info.st_gid, me=os.geteuid())
         if not info.st_mode & 0o222 or not os.access(path, os.W_OK):  # through links, as open() goes
             through = f" (through the link to {target})" if target != path else ""
             return READ_ONLY.format(path=path, through=through, target=target)

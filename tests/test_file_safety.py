@@ -342,3 +342,15 @@ def test_a_baseline_that_must_not_be_read_is_refused_naming_the_entry_and_field(
         baseline_mod.load(path)
     path.write_text(_document(GOOD))
     assert list(baseline_mod.load(path)[0].values()) == [entry()]  # the same file, well-formed, is read
+
+
+@root_only
+def test_another_users_file_is_named_as_theirs_not_as_read_only(open_dir: Path) -> None:
+    path = open_dir / "b.json"
+    path.write_text("old\n")
+    path.chmod(0o644)  # root's, as an earlier save by root in a CI container left a user's baseline
+    code = f"from pathlib import Path; from pytest_attncost import files; print(files.unwritable(Path({str(path)!r})))"
+    done = subprocess.run(["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups", sys.executable, "-c",
+                           code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.stdout.strip() == (f"{path} belongs to uid 0 and group 0, and this user (uid 1234) may not write it; "
+                                   "write it as its owner, or have them give it back (chown), or write elsewhere")
