@@ -93,17 +93,18 @@ class Settings:
         exports = tuple(_export(config, value) for value in config.getoption("attncost_export") or ())
         reports = {"--attncost-json": json_path, "--attncost-markdown": markdown_path,
                    **{f"--attncost-export={kind}": path for kind, path in exports}}
+        full = bool(config.getoption("attncost_report_full"))
+        report = full or flag("attncost_report", "attncost_report")
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if summary:
+        if summary and (report or markdown_path is not None):  # the step summary is appended to
             reports["GITHUB_STEP_SUMMARY"] = Path(summary)
         _distinct({"--attncost-save": save_path, "--attncost-compare": compare_path, **reports})
         _not_a_baseline(config, reports)
         plot_dir = _plot_dir(config)
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
-        full = bool(config.getoption("attncost_report_full"))
         return cls(
-            report=full or flag("attncost_report", "attncost_report"),
+            report=report,
             report_full=full,
             unit=unit,
             strict=flag("attncost_strict", "attncost_strict"),
