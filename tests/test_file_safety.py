@@ -257,33 +257,33 @@ def test_every_temporary_a_killed_write_left_is_removed_by_the_next_run(project:
     assert files.drop_temporaries(project.path) == [held.name]
 
 
-CTRL_C = """
-import os, signal
-fsync = os.fsync
-
-def interrupted_fsync(fd):
-    if ".b.json." in os.readlink(f"/proc/self/fd/{fd}"):  # the baseline's temporary, its data written
-        os.kill(os.getpid(), signal.SIGINT)
-    fsync(fd)
-
-os.fsync = interrupted_fsync
-"""
-
-
-def test_ctrl_c_inside_the_baseline_write_ends_as_an_interrupted_session(project: pytest.Pytester) -> None:
+def test_ctrl_c_inside_the_baseline_write_ends_as_an_interrupted_session(project: pytest.Pytester,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     project.makepyfile(test_suite="""
         import pytest
-        from tiny_models import torch_encoder
+        from torch import nn
 
-        @pytest.mark.attncost(n=16)
-        def test_a(attncost):
-            attncost.profile(torch_encoder)
+        @pytest.mark.attncost(n=8)
+        def test_a(attncost):  # no transformers to import: the subprocess stays quick
+            attncost.profile(lambda: nn.TransformerEncoderLayer(16, 2, 32, batch_first=True))
     """)
-    project.makeconftest(CTRL_C)
     base = project.path / "b.json"
     base.write_text(baseline_mod.render_baseline([entry("test_suite.py::test_old")]))
     before = base.read_bytes()
-    result = project.runpytest_subprocess("--attncost-save=b.json", "--attncost-json=r.json")
+    fsync = os.fsync
+
+    def interrupted_fsync(fd: int) -> None:
+        if ".b.json." in os.readlink(f"/proc/self/fd/{fd}"):  # the baseline's temporary, its data written
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: Python raises KeyboardInterrupt right here
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", interrupted_fsync)
+    try:
+        result = project.runpytest("--attncost-save=b.json", "--attncost-json=r.json")
+    except KeyboardInterrupt:  # it escaped the session: the traceback and exit 130 users saw
+        pytest.fail("Ctrl-C in the baseline write escaped pytest's session")
+    finally:
+        monkeypatch.undo()
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*Interrupted: KeyboardInterrupt while attncost wrote the baseline (*b.json): it "
                                  "holds its old content or the new one whole; the other files were written*"])
