@@ -272,10 +272,11 @@ class Saved:
     written: bool
 
     def __str__(self) -> str:
+        entries = f"{self.entries} {'entry' if self.entries == 1 else 'entries'}"
         if not self.written:
-            return f"attncost: baseline {self.path} already held this run's profiles ({self.entries} entries): nothing written"
-        return (f"attncost: baseline saved to {self.path}: {self.entries} entries ({self.added} new, "
-                f"{self.changed} changed, {self.dropped} pruned)")
+            return f"attncost: baseline {self.path} already held this run's profiles ({entries}): nothing written"
+        return (f"attncost: baseline saved to {self.path}: {entries} ({self.added} new, {self.changed} changed, "
+                f"{self.dropped} pruned)")
 
 
 def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: float = 60.0) -> Saved:

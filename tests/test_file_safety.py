@@ -208,7 +208,7 @@ def test_an_unchanged_save_writes_nothing_so_a_full_disk_cannot_fail_it(tmp_path
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "b.json"
     saved = baseline_mod.save(path, [Row()], None)
-    assert saved.written and str(saved) == f"attncost: baseline saved to {path}: 1 entries (1 new, 0 changed, 0 pruned)"
+    assert saved.written and str(saved) == f"attncost: baseline saved to {path}: 1 entry (1 new, 0 changed, 0 pruned)"
     inode = path.stat().st_ino
 
     def full_disk(*args: object, **kwargs: object) -> None:
@@ -303,9 +303,9 @@ def test_a_save_says_what_it_saved_where_and_keeps_its_lock_out_of_sight(project
             attncost.profile(torch_encoder)
     """)
     result = project.runpytest("--attncost-save=b.json")
-    result.stdout.fnmatch_lines(["attncost: baseline saved to */b.json: 1 entries (1 new, 0 changed, 0 pruned)"])
+    result.stdout.fnmatch_lines(["attncost: baseline saved to */b.json: 1 entry (1 new, 0 changed, 0 pruned)"])
     result = project.runpytest("--attncost-save=b.json")
-    result.stdout.fnmatch_lines(["attncost: baseline */b.json already held this run's profiles (1 entries): nothing "
+    result.stdout.fnmatch_lines(["attncost: baseline */b.json already held this run's profiles (1 entry): nothing "
                                  "written"])
     hidden = sorted(p.name for p in project.path.iterdir() if p.name.startswith(".b.json"))
     assert hidden == [".b.json.lock"]  # a dotfile beside the baseline, empty: filelock's lock must stay
