@@ -124,10 +124,6 @@ class Setup:
            options: Options) -> Setup:
         twin = counting.meta_twin(target)  # a scripted module, an uncopyable model: no counter can help
         notes = families.prepare_twin(twin)
-        hooks = counting.user_hooks(target)
-        if hooks:
-            notes.append(counting.HOOKS_NOTE.format(hooks=", ".join(hooks[:5]) + (
-                f" and {len(hooks) - 5} more" if len(hooks) > 5 else "")))
         # triangular mask buffers of the original (the twin's are empty): causal accounting reads them
         causal = options.causal != "full"
         masks = counting.buffer_masks(target) if causal else None

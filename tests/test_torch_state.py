@@ -58,6 +58,9 @@ def test_a_forward_that_changes_global_settings_leaves_them_as_they_were() -> No
 
 def test_the_users_hooks_dropped_from_the_count_are_named() -> None:
     model = Meddling()
+    plain = pytest_attncost.profile(model, 4, inputs=(torch.zeros(1, 4, HIDDEN),), roles={"ffn": ["up"]},
+                                    name="hooked")
+    assert not [note for note in plain.notes if "hooks do not run" in note]
 
     def log_output(module: nn.Module, args: object, output: object) -> None:
         pass
@@ -68,7 +71,8 @@ def test_the_users_hooks_dropped_from_the_count_are_named() -> None:
     model.up.register_forward_hook(log_output)
     model.register_forward_pre_hook(check_input)
     profile = pytest_attncost.profile(model, 4, inputs=(torch.zeros(1, 4, HIDDEN),), roles={"ffn": ["up"]},
-                                      name="hooked")
+                                      name="hooked")  # from the cache (hooks are not in its key): named all the same
+    assert profile.ffn == plain.ffn
     (note,) = [note for note in profile.notes if "hooks do not run" in note]
     assert "forward hook test_the_users_hooks_dropped_from_the_count_are_named.<locals>.log_output on up" in note
     assert "forward pre hook test_the_users_hooks_dropped_from_the_count_are_named.<locals>.check_input on the model" \
