@@ -54,6 +54,9 @@ def test_a_forward_that_changes_global_settings_leaves_them_as_they_were() -> No
     after = settings()
     assert after == before, {k: (before[k], after[k]) for k in before if before[k] != after[k]}
     assert profile.ffn == 4 * HIDDEN * HIDDEN  # n·D·D for the one Linear, by hand
+    timing = pytest_attncost.measure(Meddling(), 4, inputs=(torch.zeros(1, 4, HIDDEN),), roles={"ffn": ["up"]},
+                                     warmup=0, repeats=1)  # real forwards, timed: the same settings put back
+    assert settings() == before and timing.profile.ffn == profile.ffn
 
 
 def test_the_users_hooks_dropped_from_the_count_are_named() -> None:
