@@ -111,9 +111,18 @@ def _owner(path: Path, info: os.stat_result) -> str | None:
     """Why a replacement of *path* could not keep its owner and group (root can; others only their own files,
     in a group they belong to), or None."""
     me = os.geteuid()
-    if me == 0 or (info.st_uid == me and info.st_gid in (os.getegid(), *os.getgroups())):
+    if me == 0 or (info.st_uid == me and info.st_gid in (os.getegid(), *os.getgroups(), _new_gid(path))):
         return None
     return OWNER.format(path=path, uid=info.st_uid, gid=info.st_gid, me=me)
+
+
+def _new_gid(path: Path) -> int:
+    """The group a new file beside *path* gets: the directory's when it is set-group-ID, else this user's."""
+    try:
+        directory = os.stat((path.resolve() if path.is_symlink() else path).parent)
+    except OSError:
+        return os.getegid()
+    return directory.st_gid if directory.st_mode & stat.S_ISGID else os.getegid()
 
 
 def unwritable(path: Path, *, append: bool = False) -> str | None:

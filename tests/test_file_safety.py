@@ -354,3 +354,19 @@ def test_another_users_file_is_named_as_theirs_not_as_read_only(open_dir: Path) 
                            code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert done.stdout.strip() == (f"{path} belongs to uid 0 and group 0, and this user (uid 1234) may not write it; "
                                    "write it as its owner, or have them give it back (chown), or write elsewhere")
+
+
+@root_only
+def test_a_set_group_id_directory_gives_the_group_back_without_a_chown(open_dir: Path) -> None:
+    shared = open_dir / "team"
+    shared.mkdir()
+    os.chown(shared, OTHER, 4321)
+    shared.chmod(0o2775)  # new files take the directory's group, one this user is not in
+    path = shared / "r.json"
+    path.write_text("old\n")
+    os.chown(path, OTHER, 4321)
+    code = f"from pathlib import Path; from pytest_attncost import files; files.write(Path({str(path)!r}), 'new')"
+    subprocess.run(["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups", sys.executable, "-c", code],
+                   check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    info = path.stat()
+    assert path.read_text() == "new" and (info.st_uid, info.st_gid) == (OTHER, 4321)
