@@ -7,6 +7,7 @@ timing engine times (:mod:`~pytest_attncost.timing`). Usable outside pytest (a n
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from torch import nn
 
 from . import families, one_run, pipeline, timing
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
-from .counting import Options, masks, unwrap
+from .counting import HOOKS_NOTE, Options, kept_torch_state, masks, unwrap, user_hooks
 from .errors import ProfileError, TimingError
 from .formulas import ModelSpec
 from .inputs import LARGEST_TOKENS, TOO_LARGE, Built, Inputs, build
@@ -189,12 +190,24 @@ def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | N
                     options)
     cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
     if cached is not None:
-        return cached, None, target
-    built = build(target, n, batch, inputs, mode == "decode", options.new_tokens, m)
-    result = pipeline.run(target, model_name, spec, spec_note, spec_read, built, n, batch, batch_given, roles, options)
+        return _hooks_named(cached, target), None, target
+    with kept_torch_state():  # a forward that sets the default dtype or the threads leaves them as they were
+        built = build(target, n, batch, inputs, mode == "decode", options.new_tokens, m)
+        result = pipeline.run(target, model_name, spec, spec_note, spec_read, built, n, batch, batch_given, roles,
+                              options)
     if pipeline.REAL_NOTE not in result.notes:  # a count on real values holds for those values only
         store(key, result)
-    return result, built, target
+    return _hooks_named(result, target), built, target
+
+
+def _hooks_named(result: Profile, target: nn.Module) -> Profile:
+    """*result* with a note naming the user's hooks that the count dropped (the model's hooks now: the cache's
+    key leaves hooks out, as the count does)."""
+    hooks = user_hooks(target)
+    if not hooks:
+        return result
+    shown = ", ".join(hooks[:5]) + (f" and {len(hooks) - 5} more" if len(hooks) > 5 else "")
+    return dataclasses.replace(result, notes=(*result.notes, HOOKS_NOTE.format(hooks=shown)))
 
 
 def sweep(
@@ -220,9 +233,10 @@ def sweep(
     target = _resolve_model(model)
     if profile_kwargs.get("name") is None:
         profile_kwargs["name"] = type(target).__name__
-    swept = pipeline.sweep_in_one_run(target, lengths, profile_kwargs)
+    with kept_torch_state():
+        swept = pipeline.sweep_in_one_run(target, lengths, profile_kwargs)
     if swept is not None:
-        return Sweep(swept, one_run=True)
+        return Sweep([_hooks_named(p, target) for p in swept], one_run=True)
     return Sweep([profile(target, n, **profile_kwargs) for n in lengths])
 
 

@@ -6,9 +6,11 @@ Only JSON is read: nothing is unpickled or evaluated.
 
 from __future__ import annotations
 
-import json
+import errno
 import fnmatch
+import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["BaselineError", "Regression", "compare", "entry_key", "load", "merge", "save", "MAX_BYTES"]
+__all__ = ["BaselineError", "Regression", "Saved", "compare", "entry_key", "is_baseline", "load", "merge", "save", "MAX_BYTES"]
 
 MAX_BYTES = 64 * 1024 * 1024
 PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
@@ -52,6 +54,12 @@ def _check_entry(row: Any, where: str, fix: str) -> None:
             raise BaselineError(f"{where} has no valid {name!r} (got {value!r}); {fix}")
         if isinstance(value, int) and value < (1 if name in ("n", "batch") else 0):
             raise BaselineError(f"{where} has {name}={value}, which no count can be; {fix}")
+        if isinstance(value, str) and not value.strip():
+            raise BaselineError(f"{where} has an empty {name!r}; {fix}")
+    parts = sum(row[part] for part in PARTS[1:])
+    if parts != row["total"]:
+        raise BaselineError(f"{where} ({row['test_id']} [{row['name']}]) has total={row['total']:,} but its parts "
+                            f"({', '.join(PARTS[1:])}) add up to {parts:,}; {fix}")
     for name in ("mode", "causal", "backend"):
         if name in row and not isinstance(row[name], str):
             raise BaselineError(f"{where} has {name}={row[name]!r}, not a string such as 'forward'; {fix}")
@@ -81,14 +89,16 @@ def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
     if not raw.strip():
         raise BaselineError(f"baseline {path} is empty; {fix}")
     try:
-        document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+    except _Duplicate as exc:
+        raise BaselineError(f"baseline {path}: {exc}; {fix}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise BaselineError(f"baseline {path} is not valid JSON (truncated or corrupt?): {exc}; {fix}") from None
     except RecursionError as exc:  # the parser's limit, met before any schema check
         raise BaselineError(f"baseline {path} is nested too deeply to be an attncost report ({exc}); {fix}") from None
     if not isinstance(document, dict) or "profiles" not in document or "schema" not in document:
         raise BaselineError(f"baseline {path} is not an attncost baseline (no 'schema' and 'profiles'); {fix}")
-    if document["schema"] != SCHEMA:
+    if type(document["schema"]) is not int or document["schema"] != SCHEMA:  # not true, not 1.0
         raise BaselineError(
             f"baseline {path} has schema {document['schema']!r}; this pytest-attncost reads schema {SCHEMA}; {fix}"
         )
@@ -110,6 +120,38 @@ def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a count")
+
+
+class _Duplicate(ValueError):
+    """A key given twice in one object of a baseline."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of the document; a key given twice (``"total": 1, "total": 100``) is refused, not read as the
+    last one, naming the key and the object (its test id and name, where it has them)."""
+    document = dict(pairs)
+    if len(document) < len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        where = (f" in the entry {document['test_id']} [{document.get('name')}]"
+                 if isinstance(document.get("test_id"), str) else "")
+        raise _Duplicate(f"the key {twice!r} is given twice{where}")
+    return document
+
+
+def is_baseline(path: Path) -> bool:
+    """Whether *path* holds a saved baseline with entries (a document of the baseline schema whose entries carry
+    no run's verdicts, as :func:`render_baseline` writes it), which a report must not replace unasked. A JSON
+    report (entries with verdicts) or an empty baseline is not one: replacing it loses nothing."""
+    try:
+        if not path.is_file():
+            return False
+        document = json.loads(files.read(path, MAX_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError, files.Refused):
+        return False
+    profiles = document.get("profiles") if isinstance(document, dict) and "schema" in document else None
+    return (isinstance(profiles, list) and bool(profiles)
+            and all(isinstance(row, dict) and not any(field in row for field in VOLATILE) for row in profiles))
 
 
 @dataclass(frozen=True)
@@ -199,10 +241,13 @@ def merge(
 VOLATILE = ("outcome", "verdict", "problems", "vs_baseline", "baseline_status", "timing")
 
 
+def _clean(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k not in VOLATILE}
+
+
 def render_baseline(entries: Iterable[Mapping[str, Any]]) -> str:
     """The baseline document: the JSON report's schema, minus run-specific fields, in row order."""
-    clean = [{k: v for k, v in entry.items() if k not in VOLATILE} for entry in entries]
-    return render_documents(sorted(clean, key=entry_key))
+    return render_documents(sorted(map(_clean, entries), key=entry_key))
 
 
 LOCK_HELD = ("the lock {lock} was still held after {timeout:g} s: another pytest run saving to this baseline "
@@ -210,19 +255,47 @@ LOCK_HELD = ("the lock {lock} was still held after {timeout:g} s: another pytest
              "file if no run is active")
 LOCK_FAILED = ("cannot take the lock {lock}: {reason}; every run saving to this baseline locks that file, so it must "
                "be a file this user can create or write (delete it if another user left it and no run is active)")
+LOCK_LINK = ("the lock {lock} is a symbolic link (to {target}); a lock is never taken through a link, which could "
+             "truncate the file it points to: delete the link")
 
 
-def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: float = 60.0) -> None:
-    """Merge this run's profiles into the baseline at *path*, under a file lock, atomically.
+@dataclass(frozen=True)
+class Saved:
+    """What a save did: the entries the file holds now, how many this run added or changed, and whether the
+    file was written (an unchanged save writes nothing)."""
+
+    path: Path
+    entries: int
+    added: int
+    changed: int
+    dropped: int
+    written: bool
+
+    def __str__(self) -> str:
+        entries = f"{self.entries} {'entry' if self.entries == 1 else 'entries'}"
+        if not self.written:
+            return f"attncost: baseline {self.path} already held this run's profiles ({entries}): nothing written"
+        return (f"attncost: baseline saved to {self.path}: {entries} ({self.added} new, {self.changed} changed, "
+                f"{self.dropped} pruned)")
+
+
+def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: float = 60.0) -> Saved:
+    """Merge this run's profiles into the baseline at *path*, under a file lock, atomically; say what changed.
 
     Another process saving to the same file waits for the lock (up to *lock_timeout* seconds), and each
     merges into what the other wrote, so concurrent runs lose nothing. The file is written by
-    :func:`files.write`: a symlink is followed (the link stays a link), a read-only file is refused, the
-    file keeps its permissions; temporaries left by killed saves are removed.
+    :func:`files.write`: a symlink is followed (the link stays a link) unless another user could have
+    planted it, a read-only file is refused, the file keeps its permissions, owner and group, an unchanged
+    baseline is not written at all; temporaries left by killed saves are removed.
+
+    The lock, ``.NAME.lock`` beside the file's real path, is opened without following a link (filelock
+    >= 3.20.1 opens it ``O_NOFOLLOW``; a link there is refused first, with its target named) and stays after
+    the save: filelock's Unix lock is a flock'ed file, and removing it would let a waiter on the old file and
+    a newcomer on a new one both hold it. It is a dotfile, out of sight.
 
     Raises:
-        BaselineError: the file is read-only, the lock cannot be taken in time, or what the file holds now
-            cannot be read.
+        BaselineError: the file is read-only, the lock is a link or cannot be taken in time, or what the file
+            holds now cannot be read.
     """
     from filelock import FileLock, Timeout
 
@@ -231,19 +304,31 @@ def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: flo
         raise BaselineError(f"baseline {problem}")
     target = path.resolve() if path.is_symlink() else path
     # Beside the file's real path, so that every process that can write the baseline sees it (containers, tox
-    # environments and hosts on a shared file system too). It stays after the save: filelock leaves a flock'ed
-    # file in place, since removing it would let a waiter on the old file and a newcomer on a new one both hold it.
+    # environments and hosts on a shared file system too).
     lock_path = target.with_name(f".{target.name}.lock")
+    problem = files.planted_link(lock_path)
+    if problem is None and lock_path.is_symlink():
+        problem = LOCK_LINK.format(lock=lock_path, target=os.readlink(lock_path))
+    if problem is not None:
+        raise BaselineError(f"baseline {path} was not saved: {problem}")
     lock = FileLock(str(lock_path), timeout=lock_timeout)
     try:
         lock.acquire()
     except Timeout:
         raise BaselineError(LOCK_HELD.format(lock=lock_path, timeout=lock_timeout)) from None
     except OSError as exc:
-        raise BaselineError(LOCK_FAILED.format(lock=lock_path, reason=exc.strerror or exc)) from None
+        reason = "it is a symbolic link, never followed" if exc.errno == errno.ELOOP else exc.strerror or exc
+        raise BaselineError(LOCK_FAILED.format(lock=lock_path, reason=reason)) from None
     try:
-        files.drop_temporaries(target)
         existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
-        files.write(target, render_baseline(merge(existing, [row.to_dict() for row in rows], prune)))
+        merged = merge(existing, [row.to_dict() for row in rows], prune)
+        text = render_baseline(merged)
+        written = not (target.is_file() and target.read_bytes() == text.encode("utf-8"))
+        files.write(target, text)  # nothing is written when the file holds it already
     finally:
         lock.release()
+    before = {key: _clean(row) for key, row in existing.items()}
+    after = {entry_key(row): _clean(row) for row in merged}
+    return Saved(path, len(after), sum(key not in before for key in after),
+                 sum(key in before and before[key] != row for key, row in after.items()),
+                 sum(key not in after for key in before), written)

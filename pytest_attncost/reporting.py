@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -528,7 +529,38 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[SweepRow],
 
 
 def _markdown_cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    return markdown_text(text).replace("|", "\\|")
+
+
+def markdown_text(text: str) -> str:
+    """*text* (a model name, a message) as Markdown that renders as written: no HTML tag or autolink (``<``
+    escaped), no code span (backticks), no inline link (``](``), on one line; backslashes kept as such."""
+    text = " ".join(text.splitlines())
+    return re.sub(r"[\\`<]", lambda m: "\\" + m.group(), text).replace("](", "]\\(")
+
+
+def markdown_code(text: str, *, cell: bool = False) -> str:
+    """*text* (a test id) as a Markdown code span that nothing in it can end: fenced by one backtick more than
+    its longest run of them (spaced when it starts or ends with one), on one line; inside a code span HTML and
+    links are text. In a table *cell*, pipes are escaped (GitHub reads ``\\|`` in a code span as ``|``)."""
+    text = " ".join(text.splitlines())
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
+    span = f"{fence}{pad}{text}{pad}{fence}"
+    return span.replace("|", "\\|") if cell else span
+
+
+def _markdown_line(line: str, ids: Sequence[str]) -> str:
+    """A section's line: every test id in it (*ids* longest first) a code span, the rest :func:`markdown_text`."""
+    out, start, index = [], 0, 0
+    while index < len(line):
+        found = next((i for i in ids if line.startswith(i, index)), None)
+        if found is None:
+            index += 1
+            continue
+        out += [markdown_text(line[start:index]), markdown_code(found)]
+        index = start = index + len(found)
+    return "".join([*out, markdown_text(line[start:])])
 
 
 def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[SweepRow] = (),
@@ -547,25 +579,18 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Swe
     last = len(headers) - 1
     out.append("|" + "|".join("---" if i in (0, 1, last) else "---:" for i in range(len(headers))) + "|")
     for row in rows:
-        cells = [_markdown_cell(c) for c in _cells(row, unit, baseline, crosscheck)]
-        cells[0] = f"`{cells[0]}`"
+        cells = _cells(row, unit, baseline, crosscheck)
+        cells = [markdown_code(cells[0], cell=True), *map(_markdown_cell, cells[1:])]
         out.append("| " + " | ".join(cells) + " |")
     out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹); shares are of attention "
                 "+ FFN; deviation is the largest relative difference from the formula."]
     # test ids in code spans, as in the table: ids such as test_x[<lambda>] or a__b__c stay as written
     ids = sorted({r.test_id for r in rows} | {s.test_id for s in sweeps}, key=len,
                  reverse=True)
-
-    def code(line: str) -> str:
-        for test_id in ids:
-            if line.startswith(test_id) and line[len(test_id):len(test_id) + 1] in (" ", ":"):
-                return f"`{test_id}`{line[len(test_id):]}"
-        return line
-
     for section in sections(rows, sweeps):
         out += ["", f"**{section.title[0].upper()}{section.title[1:]}:**", ""]
         for index, line in enumerate(section.lines):
-            out.append(f"- {code(line)}")
+            out.append(f"- {_markdown_line(line, ids)}")
             for path in section.images.get(index, []) if link_plots else ():
                 target = Path(path)
                 if base is not None:

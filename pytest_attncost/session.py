@@ -33,7 +33,7 @@ from .markers import (
     merged_kwargs,
     parse_marker_kwargs,
 )
-from .baseline import BaselineError, Prune, compare, entry_key, load, save
+from .baseline import BaselineError, Prune, compare, entry_key, is_baseline, load, save
 from . import files, plots
 from .reporting import Row, RowKey, SweepRow, render_export, render_json, render_markdown, render_terminal, row_key
 from .result import versions
@@ -306,6 +306,9 @@ class AttncostSession:
         self.collected = 0
         self.incomplete: list[str] = []  # why this run did not see the whole suite
         self.file_errors: list[str] = []  # files that could not be written after the tests
+        self.saved: str | None = None  # the line that says what --attncost-save did
+        self.interrupted: str | None = None
+        self.session: pytest.Session | None = None
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         """Collection of one file or directory: an error means part of the suite is unseen."""
@@ -420,10 +423,13 @@ class AttncostSession:
 
         The baseline comes first; then the plots (the Markdown report links them), the JSON and
         Markdown reports and the step summary. A file that cannot be written, or a plot matplotlib
-        cannot draw, is reported (and fails the run) without costing the others.
+        cannot draw, is reported (and fails the run) without costing the others. Ctrl-C while one is
+        written ends the session as pytest's interrupted one (exit 2): that file keeps its old content or
+        holds the new one whole, and the others are written.
         """
         if is_worker(self.config):
             return
+        self.session = session
         rows = self.final_rows()
         sweeps = self.final_sweeps()
         unit = self.settings.unit
@@ -447,13 +453,26 @@ class AttncostSession:
         if summary and (self.settings.report or self.settings.markdown_path is not None):
             text = render_markdown(rows, unit, sweeps, link_plots=False)
             self._write("GITHUB_STEP_SUMMARY", Path(summary), lambda: files.write(Path(summary), text, append=True))
-        if self.file_errors and session.exitstatus == pytest.ExitCode.OK:
+        if self.interrupted is not None:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+        elif self.file_errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _stopped(self, what: str) -> None:
+        """Ctrl-C while *what* was written: it holds its old content or the new one whole (the writer renames a
+        complete temporary, or removes it); the session ends as interrupted, once every other file is written."""
+        self.interrupted = (f"KeyboardInterrupt while attncost wrote the {what}: it holds its old content or the "
+                            "new one whole; the other files were written")
 
     def _write(self, what: str, path: Path, write: Callable[[], None],
                errors: type[Exception] | tuple[type[Exception], ...] = (OSError, files.Refused)) -> None:
         try:
+            if what != "plots" and not self.settings.replace_baseline and is_baseline(path):  # made since the start
+                raise files.Refused(f"{path} holds a saved baseline now, which this report would replace; give the "
+                                    "report another path, or pass --attncost-replace-baseline")
             write()
+        except KeyboardInterrupt:
+            self._stopped(f"{what} ({path})")
         except errors as exc:
             reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror
                       else str(exc) if isinstance(exc, files.Refused) else f"{type(exc).__name__}: {exc}")
@@ -476,7 +495,9 @@ class AttncostSession:
         path = self.settings.save_path
         assert path is not None
         try:
-            save(path, rows, prune, self.settings.lock_timeout)
+            self.saved = str(save(path, rows, prune, self.settings.lock_timeout))
+        except KeyboardInterrupt:
+            self._stopped(f"baseline ({path})")
         except (BaselineError, files.Refused) as exc:
             self.file_errors.append(f"attncost: the baseline was not saved: {exc}")
         except OSError as exc:
@@ -486,6 +507,18 @@ class AttncostSession:
         """End of the run: baseline notes, then the table when asked for."""
         if is_worker(self.config):
             return
+        try:
+            self._summary(terminalreporter)
+        except KeyboardInterrupt:
+            self.interrupted = "KeyboardInterrupt while attncost printed its report"
+            if self.session is not None:
+                self.session.exitstatus = pytest.ExitCode.INTERRUPTED
+        if self.interrupted is not None:
+            terminalreporter.write_sep("!", f"Interrupted: {self.interrupted}", red=True)
+
+    def _summary(self, terminalreporter: Any) -> None:
+        if self.saved is not None:
+            terminalreporter.write_line(self.saved)
         self._baseline_summary(terminalreporter)
         unit = self.settings.unit
         for line in self.file_errors:

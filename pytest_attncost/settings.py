@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from . import files
+from .baseline import is_baseline
 from .plots import require_matplotlib
 from .reporting import EXPORTS
 from .units import UNITS
@@ -35,6 +36,8 @@ _COMPARE_HELP = "Compare every profile with this JSON baseline; a regression fai
 _INCREASE_HELP = "Allowed growth over the baseline, in percent (default 0: any increase fails)."
 _LOCK_TIMEOUT_HELP = ("Seconds --attncost-save waits for the lock of another run saving to the same baseline, then "
                       "gives up with a message naming the lock file (default 60).")
+_REPLACE_HELP = ("Let a report (--attncost-json, --attncost-markdown, --attncost-export) replace a file that holds a "
+                 "saved baseline (refused otherwise: its entries would be lost).")
 _COMPARE_STRICT_HELP = "Fail the session when baseline entries were not seen in this run."
 _BACKEND_HELP = "Default counter: fvcore (jit trace, default) or torch (FlopCounterMode on fake tensors)."
 _CROSSCHECK_HELP = "Count every profile with both backends; fail a test whose counts disagree."
@@ -68,6 +71,7 @@ class Settings:
     crosscheck: bool = False
     cache: bool = True
     lock_timeout: float = 60.0  # seconds
+    replace_baseline: bool = False  # a report may replace a file that holds a saved baseline
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -87,15 +91,20 @@ class Settings:
         save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save", what="baseline")
         compare_path = _path_value(config, "attncost_compare", "attncost_compare")
         exports = tuple(_export(config, value) for value in config.getoption("attncost_export") or ())
-        _distinct({"--attncost-json": json_path, "--attncost-markdown": markdown_path,
-                   "--attncost-save": save_path, "--attncost-compare": compare_path,
-                   **{f"--attncost-export={kind}": path for kind, path in exports}})
+        reports = {"--attncost-json": json_path, "--attncost-markdown": markdown_path,
+                   **{f"--attncost-export={kind}": path for kind, path in exports}}
+        full = bool(config.getoption("attncost_report_full"))
+        report = full or flag("attncost_report", "attncost_report")
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary and (report or markdown_path is not None):  # the step summary is appended to
+            reports["GITHUB_STEP_SUMMARY"] = Path(summary)
+        _distinct({"--attncost-save": save_path, "--attncost-compare": compare_path, **reports})
+        _not_a_baseline(config, reports)
         plot_dir = _plot_dir(config)
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
-        full = bool(config.getoption("attncost_report_full"))
         return cls(
-            report=full or flag("attncost_report", "attncost_report"),
+            report=report,
             report_full=full,
             unit=unit,
             strict=flag("attncost_strict", "attncost_strict"),
@@ -111,6 +120,7 @@ class Settings:
             backend=_backend(config),
             crosscheck=flag("attncost_crosscheck", "attncost_crosscheck"),
             cache=_ini_bool(config, "attncost_cache") if config.getoption("attncost_no_cache") is None else False,
+            replace_baseline=bool(config.getoption("attncost_replace_baseline")),
             lock_timeout=_number(config, "attncost_lock_timeout", _seconds, "60", "seconds >= 0, such as 60"),
         )
 
@@ -136,14 +146,41 @@ def _number(config: pytest.Config, dest: str, parse: Callable[[str], float], def
 
 
 def _distinct(named: dict[str, Path | None]) -> None:
-    """Two options that name one file would overwrite each other: a usage error naming both."""
-    seen: dict[Path, str] = {}
+    """Two options that name one file would overwrite each other: a usage error naming both. One file is
+    one real path (links resolved, ``..`` walked, whatever directory each was relative to), or two paths
+    that :func:`os.path.samefile` joins (hard links, bind mounts)."""
+    seen: list[tuple[str, Path, str]] = []
     for option, path in named.items():
         if path is None:
             continue
-        if path in seen:
-            raise pytest.UsageError(f"{seen[path]} and {option} name the same file {path}: give them different paths")
-        seen[path] = option
+        real = os.path.realpath(path)
+        for other, earlier, earlier_real in seen:
+            if real == earlier_real or _samefile(path, earlier):
+                where = f" ({real})" if str(path) != real or str(earlier) != real else ""
+                raise pytest.UsageError(f"{_spelled(other, earlier)} and {_spelled(option, path)} name the same "
+                                        f"file{where}: give them different paths")
+        seen.append((option, path, real))
+
+
+def _spelled(option: str, path: Path) -> str:
+    return f"{option}{':' if option.startswith('--attncost-export=') else '='}{path}"
+
+
+def _samefile(one: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one of them does not exist (yet): their real paths told
+        return False
+
+
+def _not_a_baseline(config: pytest.Config, named: dict[str, Path | None]) -> None:
+    """A report written over a saved baseline would replace its entries: refused unless asked for."""
+    if config.getoption("attncost_replace_baseline"):
+        return
+    for option, path in named.items():
+        if path is not None and is_baseline(path):
+            raise pytest.UsageError(f"{option}={path}: {path} is a saved attncost baseline, which this report would "
+                                    "replace; give the report another path, or pass --attncost-replace-baseline")
 
 
 def _plot_dir(config: pytest.Config) -> Path | None:
@@ -151,6 +188,9 @@ def _plot_dir(config: pytest.Config) -> Path | None:
     plot_dir = _path_value(config, "attncost_plot", None)
     if plot_dir is None:
         return None
+    planted = files.planted_link(plot_dir)  # the plots' own files are checked as they are written
+    if planted is not None:
+        raise pytest.UsageError(f"--attncost-plot={plot_dir}: {planted}")
     if plot_dir.exists() and not plot_dir.is_dir():
         raise pytest.UsageError(f"--attncost-plot={plot_dir}: is a file; give a directory")
     if not plot_dir.parent.is_dir():
@@ -278,6 +318,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--attncost-max-increase", metavar="PCT", type=_percent_arg, default=None, help=_INCREASE_HELP)
     group.addoption("--attncost-lock-timeout", metavar="SECONDS", type=_seconds_arg, default=None,
                     help=_LOCK_TIMEOUT_HELP)
+    group.addoption("--attncost-replace-baseline", action="store_true", default=False, help=_REPLACE_HELP)
     group.addoption("--attncost-compare-strict", action="store_true", default=None, help=_COMPARE_STRICT_HELP)
     group.addoption("--attncost-plot", metavar="DIR", default=None, help=_PLOT_HELP)
     group.addoption("--attncost-backend", metavar="NAME", type=_backend_arg, default=None, help=_BACKEND_HELP)

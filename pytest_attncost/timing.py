@@ -67,7 +67,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .counting import real_twin, unwrap
+from .counting import kept_torch_state, real_twin, unwrap
 from .errors import TimingError
 from .inputs import Built
 from .ops import FUSED_ATTENTION_OPS, MATMUL_LIKE_UNSUPPORTED, PRODUCTS, attention_macs
@@ -256,7 +256,8 @@ def _timing_environment(device: Any, threads: int | None) -> Iterator[None]:
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with kept_torch_state(), torch.no_grad(), \
+                torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)

@@ -71,8 +71,9 @@ def test_terminal_and_markdown_show_the_same_sections():
         assert section.title + ":" in terminal
         assert f"**{section.title[0].upper()}{section.title[1:]}:**" in markdown
         for line in section.lines:
-            test_id = next((r.test_id for r in rows if line.startswith(r.test_id)), None)
-            shown = f"`{test_id}`{line[len(test_id):]}" if test_id else line  # ids in code spans, as in the table
+            shown = line
+            for test_id in sorted({r.test_id for r in rows}, key=len, reverse=True):  # ids in code spans, as in the table
+                shown = shown.replace(test_id, f"`{test_id}`")
             assert line in terminal and f"- {shown}" in markdown
     assert "DISAGREE" in markdown  # the cross-check once missing from Markdown
     assert "- `t.py::test_b` [BertModel]: attention_share 0.6 > 0.5 at n=256" in markdown

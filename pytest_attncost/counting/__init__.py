@@ -29,12 +29,12 @@ from .dispatch import at_lengths, count_forward_torch, module_totals
 from .jit import count_forward
 from .masks import buffer_masks
 from .repeats import full_trace
-from .twin import meta_twin, real_twin, unwrap
+from .twin import HOOKS_NOTE, kept_torch_state, meta_twin, real_twin, unwrap, user_hooks
 from ..errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward", "count_forward_torch",
+__all__ = ["HOOKS_NOTE", "kept_torch_state", "user_hooks", "Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward", "count_forward_torch",
            "fresh_count", "full_trace", "meta_twin", "module_totals", "real_twin", "unwrap"]
 
 

@@ -492,6 +492,8 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
         if recorder.repeats is not None and recorder.repeats.stub_of():
             raise NotRepeating from None
         raise
+    except RecursionError:  # the user's forward recursing without end: their error, no other counter tried
+        raise
     except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue
         if recorder.repeats is not None and recorder.repeats.stub_of():
             raise NotRepeating from exc

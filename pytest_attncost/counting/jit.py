@@ -571,6 +571,8 @@ def _trace(
             if repeats is not None and repeats.stub_of():
                 raise NotRepeating from None
             raise
+        except RecursionError:  # the user's forward recursing without end: their error, no other counter tried
+            raise
         except Exception as exc:  # noqa: BLE001 - the tracer's reason is the user's best clue
             if repeats is not None and repeats.stub_of():
                 raise NotRepeating from exc

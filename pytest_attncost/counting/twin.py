@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from ..errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["as_if_compiling", "drop_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
+__all__ = ["HOOKS_NOTE", "as_if_compiling", "drop_hooks", "kept_torch_state", "user_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
            "unwrap"]
 
 
@@ -261,3 +261,86 @@ def as_if_compiling() -> Iterator[None]:
         yield
     finally:
         torch.compiler.is_compiling = original  # type: ignore[assignment]
+
+
+HOOKS_NOTE = ("the model's hooks do not run in the count (the copy counted has none), so what they compute is not "
+              "counted: {hooks}")
+
+
+def user_hooks(model: nn.Module) -> list[str]:
+    """The user's module hooks a count drops, each as ``forward hook NAME on MODULE`` (global hooks too)."""
+    from torch.nn.modules import module as module_mod
+
+    def name(hook: Any) -> str:
+        return getattr(hook, "__qualname__", None) or type(hook).__name__
+
+    found = [f"{kind.strip('_').replace('_', ' ').removesuffix(' hooks')} hook {name(hook)} on "
+             f"{where or 'the model'}"
+             for where, module in model.named_modules() for kind in _HOOK_DICTS[:4] + _HOOK_DICTS[6:]
+             for hook in (getattr(module, kind, None) or {}).values()]
+    return found + [f"{kind.strip('_').replace('_', ' ').removesuffix(' hooks')} hook {name(hook)}"
+                    for kind in _GLOBAL_HOOK_DICTS[:2] + _GLOBAL_HOOK_DICTS[4:6]
+                    for hook in (getattr(module_mod, kind, None) or {}).values()]
+
+
+def _autocast(device: str) -> tuple[bool, Any]:
+    return torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+
+
+#: Global torch settings a forward may change, as (read, restore): every count and timing puts them back.
+_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+    "default dtype": (torch.get_default_dtype, torch.set_default_dtype),
+    "default device": (torch.get_default_device,
+                       lambda d: torch.set_default_device(None if d == torch.device("cpu") else d)),
+    "threads": (torch.get_num_threads, torch.set_num_threads),
+    "interop threads": (torch.get_num_interop_threads, torch.set_num_interop_threads),
+    "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
+    "anomaly mode": (torch.is_anomaly_enabled, torch.set_anomaly_enabled),
+    "deterministic algorithms": (
+        lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+        lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+    "float32 matmul precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    "cpu autocast": (lambda: _autocast("cpu"),
+                     lambda v: (torch.set_autocast_enabled("cpu", v[0]), torch.set_autocast_dtype("cpu", v[1]))),
+    "cuda autocast": (lambda: _autocast("cuda"),
+                      lambda v: (torch.set_autocast_enabled("cuda", v[0]), torch.set_autocast_dtype("cuda", v[1]))),
+}
+
+
+#: Backend flags a forward may set, put back the same way (TF32 is the matmul precision's: torch refuses to read
+#: its legacy flags once the new API was used).
+_FLAGS = tuple((owner, name) for owner, name in (
+    (torch.backends.cudnn, "deterministic"), (torch.backends.cudnn, "benchmark"),
+    (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+    (torch.backends, "fp32_precision"), (torch.backends.cuda.matmul, "fp32_precision"),  # torch >= 2.9
+    (torch.backends.cudnn, "fp32_precision"), (torch.backends.mkldnn, "fp32_precision"),
+) if hasattr(owner, name))
+
+
+@contextlib.contextmanager
+def kept_torch_state() -> Iterator[None]:
+    """Put back every global torch setting in :data:`_SETTINGS` that the user's code changed meanwhile (a forward
+    that calls ``torch.set_default_dtype`` or ``torch.set_num_threads``), even on error. A setting torch will not
+    set again (interop threads, once parallel work has started) stays as the forward left it."""
+    saved = {name: _read(read) for name, (read, _) in _SETTINGS.items()}
+    flags = [getattr(owner, name) for owner, name in _FLAGS]
+    try:
+        yield
+    finally:
+        for (owner, name), value in zip(_FLAGS, flags):
+            if getattr(owner, name) != value:
+                setattr(owner, name, value)
+        for name, (read, restore) in _SETTINGS.items():
+            if saved[name] is not _UNREADABLE and _read(read) != saved[name]:
+                with contextlib.suppress(RuntimeError):
+                    restore(saved[name])
+
+
+_UNREADABLE = object()
+
+
+def _read(read: Callable[[], Any]) -> Any:
+    try:
+        return read()
+    except RuntimeError:  # torch refuses to say (the matmul precision after a mix of its TF32 APIs)
+        return _UNREADABLE
