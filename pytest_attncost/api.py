@@ -7,6 +7,7 @@ timing engine times (:mod:`~pytest_attncost.timing`). Usable outside pytest (a n
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from . import families, one_run, pipeline, timing
+from . import memory as memory_mod
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
 from .counting import Options, masks, unwrap
 from .errors import ProfileError, TimingError
@@ -96,6 +98,8 @@ def profile(
     fallback: bool = True,
     new_tokens: int | None = None,
     m: int | None = None,
+    memory: bool = False,
+    optimizer: Any = "adamw",
 ) -> Profile:
     """Count one forward pass of *model* and split it into attention_core, attention_proj, ffn, other.
 
@@ -131,6 +135,11 @@ def profile(
         new_tokens: decode mode: the query tokens of the step (default 1).
         m: the second sequence's length (:attr:`Profile.m`: an encoder-decoder's target, a decoder's memory),
             for default inputs (default n); your own inputs must agree with it.
+        memory: also estimate the peak memory of the step on fake tensors (:attr:`Profile.memory`, see
+            :mod:`pytest_attncost.memory`): an inference forward (``mode="forward"``) or one steady-state training
+            step (``mode="train"``: forward, backward of the sum of the outputs, the optimizer's step).
+        optimizer: the training step's optimizer: ``"adamw"`` (foreach, as torch runs it on CUDA), ``"sgd"``, a
+            callable ``params -> torch.optim.Optimizer``, or None (no step).
 
     Returns:
         The :class:`Profile`.
@@ -139,8 +148,21 @@ def profile(
         ProfileError: bad arguments, or a model that cannot be counted (the message
             says why and what to do).
     """
-    return _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend,
-                    mode=mode, causal=causal, fallback=fallback, new_tokens=new_tokens, m=m)[0]
+    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
+                                      backend=backend, mode=mode, causal=causal, fallback=fallback,
+                                      new_tokens=new_tokens, m=m)
+    if not memory:
+        return counted
+    return with_memory(counted, target, built or build(target, n, counted.batch, inputs, m=m), optimizer)
+
+
+def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: Any) -> Profile:
+    """*counted* with its memory estimate (made anew each time: it is not cached)."""
+    if optimizer is not None and not isinstance(optimizer, str) and not callable(optimizer):
+        raise ProfileError(f"optimizer= must be 'adamw', 'sgd', None or a callable params -> optimizer, got {optimizer!r}")
+    found = memory_mod.of_profile(target, built.call(), counted, optimizer=optimizer if counted.mode == "train" else None,
+                                  foreach=True)
+    return dataclasses.replace(counted, memory=found)
 
 
 def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | None, roles: Mapping[str, Any] | None,

@@ -469,3 +469,68 @@ def measure_memory(model: nn.Module, twin: nn.Module, call: Any, given: Any, *, 
     with torch.random.fork_rng(devices=[]):
         peak, source = real_step(real, inputs, mode, optimizer, foreach, where)
     return Measured(peak, guess, str(where), source)
+
+
+# --- a profile's memory -------------------------------------------------------------------------------
+
+FUSED_NOTE = ("attention_memory_share is 0: the attention ran a fused kernel ({path}) that keeps no n×n tensor for "
+              "the backward, so there are no attention matrices to bound (the share bound says nothing here)")
+FORWARD_NOTE = "an inference forward (no grad) keeps nothing for a backward: saved activations and their share are 0"
+NOT_MODELLED = ("CPU kernels, not CUDA's (CUDA keeps bool dropout masks, runs fused sdpa with dropout, and picks "
+                "other optimizer kernels); the CUDA allocator's reserve and fragmentation, the CUDA context and "
+                "kernel workspaces are not modelled")
+NO_FORMULA = "no per-layer memory formula: {why}"
+
+
+def _formula(spec: Any, n: int, batch: int, found: Memory, layers: int) -> tuple[dict[str, Any] | None, str | None]:
+    """The per-layer formula's figures for the layers of this step, or why there is none."""
+    from . import footprint
+
+    if found.mode != "train":
+        return None, None
+    if spec is None:
+        return None, "no spec (pass spec=)"
+    if spec.gated or spec.experts or spec.cross_attention or spec.ffn_dim != 4 * spec.hidden:
+        return None, "it describes an ungated FFN of 4·hidden without cross-attention or experts"
+    p = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get(found.assumptions.get("dtype", ""), 4)
+    dropout = found.assumptions.get("dropout", "off") != "off"
+    fused = found.attention_matrices == 0 and not dropout
+    kind = "fused attention" if fused else ("eager, dropout" if dropout else "eager, no dropout")
+    per_layer = footprint.activation_bytes(spec, n, batch, p=p, mask=p, dropout=dropout, fused=fused)
+    matrices = footprint.attention_matrix_bytes(spec, n, batch, p=p, mask=p, dropout=dropout, fused=fused)
+    return {"activations": layers * per_layer, "per_layer": per_layer, "attention_matrices": layers * matrices,
+            "kind": kind, "p": p, "mask": p,
+            "crossover_n": float(footprint.memory_crossover_n(spec, p=p, mask=p, dropout=dropout))}, None
+
+
+def of_profile(target: nn.Module, call: Any, profiled: Any, *, optimizer: Any, foreach: bool | None) -> Memory:
+    """The memory of the step *profiled* (a Profile) counted: its mode, its roles and layers, checked against the
+    per-layer formula (a warning past :data:`~pytest_attncost.footprint.MEMORY_TOLERANCE`)."""
+    import dataclasses
+
+    from . import families, footprint
+    from .counting import meta_twin
+
+    if profiled.mode not in footprint.MEMORY_MODES:
+        raise ProfileError(f"memory=True estimates a forward or a training step, not mode {profiled.mode!r}; a decode "
+                           "step's memory is its weights plus Profile.kv_cache_bytes plus one step's activations")
+    twin = meta_twin(target)
+    families.prepare_twin(twin)
+    layers = tuple(name for name, row in profiled.modules.items() if row[2] == "layer")
+    found = estimate(twin, call, mode=profiled.mode, optimizer=optimizer, roles=profiled.roles, layers=layers,
+                     foreach=foreach)
+    notes, warnings = [NOT_MODELLED], []
+    if found.mode == "forward":
+        notes.append(FORWARD_NOTE)
+    elif found.attention_matrices == 0:
+        notes.append(FUSED_NOTE.format(path=found.assumptions.get("attention", "fused")))
+    formula, why = _formula(profiled.spec, profiled.n, profiled.batch, found, profiled.layers)
+    if why is not None:
+        notes.append(NO_FORMULA.format(why=why))
+    found = dataclasses.replace(found, formula=formula, notes=tuple(notes))
+    deviation = found.deviation
+    if formula is not None and deviation is not None and deviation > footprint.MEMORY_TOLERANCE:
+        warnings.append(footprint.MEMORY_FORMULA_WARNING.format(
+            measured=found.saved_in_layers, expected=formula["activations"],
+            deviation=(found.saved_in_layers - formula["activations"]) / formula["activations"], kind=formula["kind"]))
+    return dataclasses.replace(found, warnings=tuple(warnings))
