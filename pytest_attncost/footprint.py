@@ -170,3 +170,62 @@ class Memory:
                    saved_in_layers=int(data.get("saved_in_layers", 0)), optimizer=data.get("optimizer"),
                    assumptions=dict(data.get("assumptions", {})), formula=data.get("formula"),
                    notes=tuple(data.get("notes", ())), warnings=tuple(data.get("warnings", ())))
+
+
+# --- bounds on a profile's memory (the marker's peak_memory_*, activation_memory_*, attention_memory_share_*) ---
+
+#: Size bounds (bytes) and share bounds, each ``_max`` and ``_min``.
+MEMORY_SIZE_BOUNDS = ("peak_memory_max", "peak_memory_min", "activation_memory_max", "activation_memory_min")
+MEMORY_SHARE_BOUNDS = ("attention_memory_share_max", "attention_memory_share_min")
+MEMORY_BOUNDS = MEMORY_SIZE_BOUNDS + MEMORY_SHARE_BOUNDS
+#: Worded like pytest-memray's ("Test was limited to X but allocated Y"), with the split and the formula.
+MEMORY_MESSAGE = "{what} was limited to {limit} but the estimate is {value} {where}"
+MEMORY_MIN_MESSAGE = "{what} was to be at least {limit} but the estimate is {value} {where}"
+NO_MEMORY = "{bound}: the profile has no memory estimate (profile it with memory=True)"
+
+
+def _both(size: int) -> str:
+    """A size in binary and decimal units: pytest-memray reads "MB" as 2**20 bytes, this plugin as 10**6."""
+    from .units import format_bytes
+
+    return f"{format_bytes(size)} ({size / 10**6:,.1f} MB of 10^6 B = {size / 2**20:,.1f} pytest-memray MB of 2^20 B)"
+
+
+def memory_problems(limits: Mapping[str, Any], memory: Memory | None, where: str) -> list[str]:
+    """Every memory bound in *limits* (name -> bytes or share; None: no bound) that *memory* breaks."""
+    asked = {name: value for name, value in limits.items() if value is not None}
+    if not asked:
+        return []
+    if memory is None:
+        return [NO_MEMORY.format(bound=name) for name in asked]
+    values = {"peak_memory": memory.peak, "activation_memory": memory.activations,
+              "attention_memory_share": memory.attention_memory_share}
+    problems = []
+    for name, limit in asked.items():
+        what, _, side = name.rpartition("_")
+        value = values[what]
+        if not (value > limit if side == "max" else value < limit):
+            continue
+        share = what == "attention_memory_share"
+        template = MEMORY_MESSAGE if side == "max" else MEMORY_MIN_MESSAGE
+        problems.append(template.format(what=what, limit=f"{limit:g}" if share else _both(limit),
+                                        value=f"{value:.3f}" if share else _both(value), where=where)
+                        + f" ({_split(memory, what)})")
+    return problems
+
+
+def _split(memory: Memory, what: str) -> str:
+    """What makes up the number, and the formula's figure beside it."""
+    formula = memory.formula
+    if what == "peak_memory":
+        parts = ", ".join(f"{k} {v:,}" for k, v in memory.at_peak.items() if v)
+        state = "" if formula is None or "model_state" not in formula else (
+            f"; the formulas give model state {int(formula['model_state']):,} B + saved activations "
+            f"{int(formula['activations']):,} B in the layers")
+        return f"peak in {memory.phase}: {parts}{state}"
+    parts = ", ".join(f"{k} {v:,}" for k, v in memory.saved.items())
+    text = f"saved by part: {parts}; attention matrices {memory.attention_matrices:,}"
+    if formula is not None:
+        text += (f"; the per-layer formula ({formula['kind']}) gives {int(formula['activations']):,} B in the layers, "
+                 f"{int(formula['attention_matrices']):,} B of matrices")
+    return text + "".join(f"; {note}" for note in memory.notes if "attention_memory_share is 0" in note)

@@ -482,7 +482,7 @@ NOT_MODELLED = ("CPU kernels, not CUDA's (CUDA keeps bool dropout masks, runs fu
 NO_FORMULA = "no per-layer memory formula: {why}"
 
 
-def _formula(spec: Any, n: int, batch: int, found: Memory, layers: int) -> tuple[dict[str, Any] | None, str | None]:
+def _formula(spec: Any, n: int, batch: int, found: Memory, layers: int, largest: int) -> tuple[dict[str, Any] | None, str | None]:
     """The per-layer formula's figures for the layers of this step, or why there is none."""
     from . import footprint
 
@@ -498,7 +498,10 @@ def _formula(spec: Any, n: int, batch: int, found: Memory, layers: int) -> tuple
     kind = "fused attention" if fused else ("eager, dropout" if dropout else "eager, no dropout")
     per_layer = footprint.activation_bytes(spec, n, batch, p=p, mask=p, dropout=dropout, fused=fused)
     matrices = footprint.attention_matrix_bytes(spec, n, batch, p=p, mask=p, dropout=dropout, fused=fused)
-    return {"activations": layers * per_layer, "per_layer": per_layer, "attention_matrices": layers * matrices,
+    kernel = {True: "foreach", False: "single-tensor"}.get(found.assumptions.get("optimizer_kernel") == "foreach")
+    state = footprint.model_state_bytes(found.at_peak.get("parameters", 0), found.optimizer, kernel, largest) if (
+        found.optimizer in (*footprint.OPTIMIZERS, None)) else None
+    return {"activations": layers * per_layer, **({} if state is None else {"model_state": state}), "per_layer": per_layer, "attention_matrices": layers * matrices,
             "kind": kind, "p": p, "mask": p,
             "crossover_n": float(footprint.memory_crossover_n(spec, p=p, mask=p, dropout=dropout))}, None
 
@@ -524,7 +527,8 @@ def of_profile(target: nn.Module, call: Any, profiled: Any, *, optimizer: Any, f
         notes.append(FORWARD_NOTE)
     elif found.attention_matrices == 0:
         notes.append(FUSED_NOTE.format(path=found.assumptions.get("attention", "fused")))
-    formula, why = _formula(profiled.spec, profiled.n, profiled.batch, found, profiled.layers)
+    largest = max((p.numel() * p.element_size() for p in twin.parameters()), default=0)
+    formula, why = _formula(profiled.spec, profiled.n, profiled.batch, found, profiled.layers, largest)
     if why is not None:
         notes.append(NO_FORMULA.format(why=why))
     found = dataclasses.replace(found, formula=formula, notes=tuple(notes))
