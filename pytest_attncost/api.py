@@ -29,7 +29,14 @@ from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["ProfileError", "clear_cache", "decode_sweep", "measure", "measure_sweep", "profile", "spec_of", "sweep"]
+__all__ = ["ProfileError", "clear_cache", "decode_sweep", "measure", "measure_memory", "measure_sweep", "profile",
+           "spec_of", "sweep"]
+
+#: measure_memory() runs the real step only below this estimated peak (the estimate comes first).
+REAL_STEP_LIMIT = 2 * 10**9
+TOO_BIG_TO_RUN = ("measure_memory() runs the real step only when its estimated peak is under {limit:,} B; this one "
+                  "is estimated at {peak:,} B: measure at a smaller n or batch (the estimate holds at any size)")
+NO_CUDA = "measure_memory(device={device!r}): no CUDA device here (torch.cuda.is_available() is False)"
 
 
 def _positive(name: str, value: object, hint: str = "") -> int:
@@ -320,6 +327,42 @@ def measure(
     if built is None:  # the profile came from the cache: its inputs, built once here
         built = build(target, n, counted.batch, inputs)
     return timing.time_forward(counted, model, built, where, dtype, warmup, repeats, seed, threads)
+
+
+def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None, inputs: Any = None,
+                   mode: str = "forward", optimizer: Any = "adamw", device: Any = "cpu", seed: int = 0,
+                   **profile_kwargs: Any) -> memory_mod.Measured:
+    """Run *model*'s step for real and set its measured peak beside the fake-tensor estimate of the same step.
+
+    The step is :func:`profile`'s with ``memory=True`` (``mode="forward"``: an inference forward;
+    ``mode="train"``: forward, backward, the optimizer's step from a steady state), run on a copy of the model (a
+    factory's model built on the CPU with seeded random weights). On the CPU the peak is read from torch's profiler
+    memory records (every allocation and free of the step) plus what was live at its start; on CUDA from
+    ``torch.cuda.max_memory_allocated`` (which the CPU kernels the estimate assumes need not match).
+
+    Raises:
+        ProfileError: bad arguments, a step estimated at more than :data:`REAL_STEP_LIMIT` bytes, no CUDA device
+            for ``device="cuda"``, or anything :func:`profile` raises.
+    """
+    where = torch.device(device)
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileError(NO_CUDA.format(device=str(device)))
+    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, mode=mode, new_tokens=None,
+                                      **{"roles": None, "spec": None, "name": None, "backend": None, "causal": "full",
+                                         "fallback": True, **profile_kwargs})
+    built = built or build(target, n, counted.batch, inputs)
+    estimated = with_memory(counted, target, built, optimizer).memory
+    assert estimated is not None
+    if estimated.peak > REAL_STEP_LIMIT:
+        raise ProfileError(TOO_BIG_TO_RUN.format(limit=REAL_STEP_LIMIT, peak=estimated.peak))
+    if isinstance(model, nn.Module):
+        real = model
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            real = model()
+    return memory_mod.measure_memory(real, estimated, built.call(), built.given, mode=mode,
+                                     optimizer=optimizer if mode == "train" else None, foreach=True, device=where)
 
 
 def measure_sweep(model: Any, ns: Sequence[int], **measure_kwargs: Any) -> TimingSweep:

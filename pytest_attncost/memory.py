@@ -459,11 +459,10 @@ def real_step(model: nn.Module, call: Any, mode: str, optimizer: Any, foreach: b
     return _profiled_peak(step, start), "torch.profiler memory records"
 
 
-def measure_memory(model: nn.Module, twin: nn.Module, call: Any, given: Any, *, mode: str, optimizer: Any,
-                   roles: Mapping[str, str], layers: tuple[str, ...], foreach: bool | None, device: Any) -> Measured:
-    """The real step's peak and the estimate of it, on a copy of *model* (the user's is left as it was)."""
+def measure_memory(model: nn.Module, guess: Memory, call: Any, given: Any, *, mode: str, optimizer: Any,
+                   foreach: bool | None, device: Any) -> Measured:
+    """The real step's peak beside *guess*, its estimate, on a copy of *model* (the user's is left as it was)."""
     where = torch.device(device)
-    guess = estimate(twin, call, mode=mode, optimizer=optimizer, roles=roles, layers=layers, foreach=foreach)
     real = copy.deepcopy(model).to(where)
     inputs = pytree.tree_map(lambda t: t.to(where) if isinstance(t, torch.Tensor) else t, _real_inputs(call, given))
     with torch.random.fork_rng(devices=[]):

@@ -1,0 +1,190 @@
+"""Memory beside MACs: the fake-tensor estimate against the real CPU step, the per-layer formula, the marker's
+memory bounds (pytester) and the formulas' hand-computed figures."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import tiny_models
+from pytest_attncost import ModelSpec, ProfileError, activation_bytes, measure_memory, memory_crossover_n, \
+    model_state_bytes, profile
+from pytest_attncost.footprint import Memory, attention_matrix_bytes, memory_problems
+from pytest_attncost.markers import MarkerError, parse_marker_kwargs
+
+BERT_BASE = ModelSpec(hidden=768, heads=12, head_dim=64, layers=12, ffn_dim=3072)
+N, BATCH = 48, 2  # n differs from the head size (64): an n×n matrix and a head's n×d never share a shape
+
+
+def bert_base():
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(attn_implementation="eager"))
+
+
+# --- the formulas, against numbers written by hand ------------------------------------------------------
+
+
+def test_per_layer_activation_bytes_by_hand():
+    # s=512, b=1, H=768, a=12, fp32 (p=4) with CPU's float dropout masks (m=4)
+    assert activation_bytes(BERT_BASE, 512, 1) == 512 * 768 * 72 + 12 * 512 * 512 * 12 == 66_060_288
+    # Korthikanti et al.: sbh(34 + 5as/h) at p=2, m=1
+    assert activation_bytes(BERT_BASE, 512, 1, p=2, mask=1) == 512 * 768 * 34 + 5 * 12 * 512 * 512
+    assert activation_bytes(BERT_BASE, 512, 1, dropout=False) == 16 * 512 * 768 * 4 + 12 * 512 * 512 * 4
+    assert activation_bytes(BERT_BASE, 512, 1, dropout=False, fused=True) == 16 * 512 * 768 * 4 + 12 * 512 * 4
+    assert attention_matrix_bytes(BERT_BASE, 512, 1, dropout=False, fused=True) == 0
+
+
+def test_memory_crossover_is_far_below_the_mac_crossover():
+    assert memory_crossover_n(BERT_BASE) == 384  # 64 · 72 / 12: fp32 with float masks
+    assert float(memory_crossover_n(BERT_BASE, p=2, mask=1)) == pytest.approx(64 * 34 / 5)  # 6.8 d
+    assert memory_crossover_n(BERT_BASE, dropout=False) == 1024  # 16 d
+    assert 6 * 12 * 64 == 4608  # the MAC crossover 6hd, twelve times further
+
+
+def test_model_state_bytes_per_optimizer():
+    assert model_state_bytes(1000, "adamw", "foreach") == 5000
+    assert model_state_bytes(1000, "adamw", "fused") == 4000
+    assert model_state_bytes(1000, "adamw", "single-tensor", largest=300) == 4600
+    assert model_state_bytes(1000, "sgd", "foreach") == 2000
+    assert model_state_bytes(1000, None) == 1000
+    with pytest.raises(ValueError, match="no model-state formula"):
+        model_state_bytes(1000, "lion", "foreach")
+
+
+# --- the estimate against the real step -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+@pytest.mark.parametrize("factory", [lambda: tiny_models.bert_like(attn_implementation="eager"),
+                                     lambda: tiny_models.llama_like(attn_implementation="sdpa")],
+                         ids=["bert-eager", "llama-sdpa"])
+def test_estimate_equals_the_real_cpu_peak(factory, mode):
+    measured = measure_memory(factory, N, batch=BATCH, mode=mode)
+    assert abs(measured.difference) <= 4096, measured
+    assert measured.source == "torch.profiler memory records"
+    estimate = measured.estimate
+    assert sum(estimate.at_peak.values()) == estimate.peak
+    if mode == "train":
+        assert estimate.phase == "optimizer"  # tiny models: AdamW's foreach temporaries top the saved activations
+        assert estimate.at_peak["gradients"] == estimate.at_peak["parameters"]
+
+
+def test_optimizer_peaks_match_the_state_factors():
+    sgd = profile(tiny_models.llama_like, N, batch=BATCH, mode="train", memory=True, optimizer="sgd").memory
+    adamw = profile(tiny_models.llama_like, N, batch=BATCH, mode="train", memory=True).memory
+    params = adamw.at_peak["parameters"]
+    # AdamW foreach at its peak: parameters, gradients, two moments and one temporary of every parameter (5x)
+    state = adamw.at_peak["optimizer_state"] - 4 * len(list(tiny_models.llama_like().parameters()))  # step counters
+    assert adamw.phase == "optimizer"
+    assert adamw.at_peak["parameters"] + adamw.at_peak["gradients"] + state + adamw.at_peak["temporaries"] == \
+        model_state_bytes(params, "adamw", "foreach")
+    assert sgd.at_peak["optimizer_state"] == 0
+
+
+def test_bert_base_saved_activations_equal_the_per_layer_formula():
+    result = profile(bert_base, 512, mode="train", backend="torch", memory=True)
+    memory = result.memory
+    assert memory.formula["activations"] == 12 * 66_060_288  # the hand figure above, twelve layers
+    assert memory.formula["kind"] == "eager, dropout"
+    assert abs(memory.saved_in_layers / memory.formula["activations"] - 1) < 0.01
+    assert memory.attention_matrices == memory.formula["attention_matrices"] == 12 * 12 * 512 * 512 * 12
+    # the article's claim: the n×n matrices are most of the activation memory, a tenth of the MACs
+    assert memory.attention_memory_share > 0.55
+    assert result.attention_core / result.total < 0.11
+    assert not memory.warnings
+
+
+def test_a_fused_model_keeps_no_attention_matrix_and_says_so():
+    memory = profile(tiny_models.llama_like, N, batch=BATCH, mode="train", memory=True).memory
+    assert memory.attention_matrices == 0
+    assert memory.attention_memory_share == 0.0
+    assert any("keeps no n×n tensor" in note for note in memory.notes)
+    problems = memory_problems({"attention_memory_share_min": 0.1}, memory, "at n=48")
+    assert len(problems) == 1 and "keeps no n×n tensor" in problems[0]
+
+
+def test_memory_round_trips_through_json():
+    result = profile(tiny_models.bert_like, N, mode="train", memory=True)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert Memory.from_dict(data["memory"]) == result.memory
+    assert type(result).from_dict(data).memory == result.memory
+    assert "memory" not in profile(tiny_models.bert_like, N).to_dict()  # only where it was asked for
+
+
+def test_a_custom_op_without_a_fake_kernel_fails_clearly():
+    @torch.library.custom_op("attncost_test::opaque_gelu", mutates_args=())
+    def opaque_gelu(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return opaque_gelu(self.up(x))
+
+    with pytest.raises(ProfileError, match="fake"):
+        profile(Block(), 8, inputs=torch.randn(1, 8, 16), roles={"ffn": ["up"]}, memory=True)
+
+
+def test_measure_memory_refuses_cuda_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: this test is of the message where there is none")
+    with pytest.raises(ProfileError, match="no CUDA device"):
+        measure_memory(tiny_models.bert_like, N, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: max_memory_allocated needs one")
+def test_measure_memory_on_cuda_reads_max_memory_allocated():
+    measured = measure_memory(tiny_models.llama_like, N, batch=BATCH, mode="train", device="cuda")
+    assert measured.source == "torch.cuda.max_memory_allocated"
+    assert measured.peak > 0
+
+
+# --- the marker -------------------------------------------------------------------------------------------
+
+
+def test_memory_bounds_parse_sizes_as_the_plugin_does():
+    bounds = parse_marker_kwargs((), {"peak_memory_max": "80 GB", "activation_memory_max": "2 GiB",
+                                      "attention_memory_share_max": 0.5})
+    assert bounds.peak_memory_max == 80 * 10**9 and bounds.activation_memory_max == 2 * 2**30
+    assert bounds.has_memory_bounds
+    with pytest.raises(MarkerError, match="peak_memory_max"):
+        parse_marker_kwargs((), {"peak_memory_max": "80 GBB"})
+    with pytest.raises(MarkerError, match="attention_memory_share_min"):
+        parse_marker_kwargs((), {"attention_memory_share_min": 1.5})
+
+
+def test_peak_memory_bound_passes_and_fails_on_bert_base_training_at_4096(project):
+    project.makepyfile(test_fit="""
+        import pytest
+        from transformers import BertConfig, BertModel
+
+        def bert_base():
+            return BertModel(BertConfig(attn_implementation="eager"))
+
+        @pytest.mark.attncost(n=4096, mode="train", peak_memory_max="40 GB")
+        def test_fits(attncost):
+            attncost.profile(bert_base)
+
+        @pytest.mark.attncost(n=4096, mode="train", peak_memory_max="20 GB")
+        def test_does_not_fit(attncost):
+            attncost.profile(bert_base)
+    """)
+    result = project.runpytest("-p", "no:randomly", "--attncost-json", "out.json")
+    result.assert_outcomes(passed=1, failed=1)
+    # 20 GB is 20,000 MB of 10^6 B but 19,073.5 of pytest-memray's 2^20 B; BERT-base has 109,482,240 fp32
+    # parameters, so AdamW foreach's model state is 5 · 4 · 109,482,240 B
+    result.stdout.fnmatch_lines([
+        "attncost: peak_memory was limited to 18.6 GiB (20,000.0 MB of 10^6 B = 19,073.5 pytest-memray MB of 2^20 B) "
+        "but the estimate is * GiB (* MB of 10^6 B = * pytest-memray MB of 2^20 B) at n=4096 "
+        "(peak in backward: parameters 437,928,960, *saved_activations *the formulas give model state "
+        "2,189,644,800 B + saved activations 31,708,938,240 B in the layers)",
+    ])
+    profiles = json.loads((project.path / "out.json").read_text())["profiles"]
+    # per layer 4096·768·72 + 12·4096²·12 = 2,642,411,520 B, twelve layers
+    assert [p["memory"]["formula"]["activations"] for p in profiles] == [12 * 2_642_411_520] * 2
+    assert all(31_708_938_240 < p["memory"]["peak"] < 40 * 10**9 for p in profiles)
