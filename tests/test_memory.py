@@ -188,3 +188,13 @@ def test_peak_memory_bound_passes_and_fails_on_bert_base_training_at_4096(projec
     # per layer 4096·768·72 + 12·4096²·12 = 2,642,411,520 B, twelve layers
     assert [p["memory"]["formula"]["activations"] for p in profiles] == [12 * 2_642_411_520] * 2
     assert all(31_708_938_240 < p["memory"]["peak"] < 40 * 10**9 for p in profiles)
+
+
+def test_the_cli_prints_the_memory_crossover(capsys):
+    from pytest_attncost.cli import main
+
+    assert main(["--preset", "bert-base"]) == 0
+    out = capsys.readouterr().out
+    # 64 · 72 / 12 = 384 = 6d; fp16 with bool masks 64 · 34 / 5 = 435.2; 16 · 64 without dropout
+    assert "n×n activations pass the rest of a layer's at n = 384 = 6d" in out
+    assert "435.2 (fp16, bool masks), 1,024 = 16d without dropout" in out
