@@ -170,7 +170,7 @@ def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: An
         raise ProfileError(f"optimizer= must be 'adamw', 'sgd', None or a callable params -> optimizer, got {optimizer!r}")
     found = memory_mod.of_profile(target, built.call(), counted, optimizer=optimizer if counted.mode == "train" else None,
                                   foreach=True)
-    return dataclasses.replace(counted, memory=found)
+    return dataclasses.replace(counted, memory=found, warnings=(*counted.warnings, *found.warnings))
 
 
 def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | None, roles: Mapping[str, Any] | None,

@@ -153,6 +153,19 @@ class Memory:
         return (f"Memory({self.mode}, peak={self.peak:,} B in {self.phase}, activations={self.activations:,} B, "
                 f"attention_memory_share={self.attention_memory_share:.3f})")
 
+    def summary(self) -> str:
+        """One line for the report: the peak, where it falls, the saved activations and the n×n share."""
+        from .units import format_bytes
+
+        step = f"training step ({self.optimizer or 'no optimizer'})" if self.mode == "train" else "forward"
+        line = f"{step}: peak {format_bytes(self.peak)} ({self.peak:,} B) in {self.phase}"
+        if self.mode == "train":
+            line += (f"; saved activations {format_bytes(self.activations)}, of which n×n matrices "
+                     f"{self.attention_memory_share:.1%}")
+            if self.deviation is not None:
+                line += f" (per-layer formula deviation {self.deviation:.2%})"
+        return line
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe builtins only."""
         return {"mode": self.mode, "peak": self.peak, "phase": self.phase, "at_peak": dict(self.at_peak),
