@@ -161,7 +161,12 @@ def profile(
                                       new_tokens=new_tokens, m=m)
     if not memory:
         return counted
-    return with_memory(counted, target, built or build(target, n, counted.batch, inputs, m=m), optimizer)
+    return with_memory(counted, target, built or _rebuilt(target, n, counted, inputs, m), optimizer)
+
+
+def _rebuilt(target: nn.Module, n: int | None, counted: Profile, inputs: Inputs | None, m: int | None) -> Built:
+    """The inputs of a profile that came from the cache, built again as its mode takes them."""
+    return build(target, n, counted.batch, inputs, counted.mode == "decode", counted.new_tokens or 1, m)
 
 
 def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: Any) -> Profile:
@@ -348,10 +353,11 @@ def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None
     where = torch.device(device)
     if where.type == "cuda" and not torch.cuda.is_available():
         raise ProfileError(NO_CUDA.format(device=str(device)))
-    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, mode=mode, new_tokens=None,
+    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, mode=mode,
+                                      new_tokens=profile_kwargs.pop("new_tokens", None),
                                       **{"roles": None, "spec": None, "name": None, "backend": None, "causal": "full",
                                          "fallback": True, **profile_kwargs})
-    built = built or build(target, n, counted.batch, inputs)
+    built = built or _rebuilt(target, n, counted, inputs, profile_kwargs.get("m"))
     estimated = with_memory(counted, target, built, optimizer).memory
     assert estimated is not None
     if estimated.peak > REAL_STEP_LIMIT:

@@ -30,8 +30,9 @@ __all__ = ["CATEGORIES", "MEMORY_MODES", "Memory", "OPTIMIZERS", "STATE_FACTORS"
            "memory_crossover_n", "model_state_bytes"]
 
 #: What is live at the peak, by what it is.
-CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "inputs", "saved_activations", "temporaries")
-MEMORY_MODES = ("forward", "train")
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "inputs", "kv_cache", "saved_activations",
+              "temporaries")
+MEMORY_MODES = ("forward", "train", "decode")
 OPTIMIZERS = ("adamw", "sgd")
 #: Peak model state in parameter bytes: parameters + gradients + optimizer state + the step's temporaries.
 #: AdamW foreach: exp_avg and exp_avg_sq, and one temporary of every parameter's size (4 + 1); fused: no

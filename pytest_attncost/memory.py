@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import ProfileError
 from .footprint import CATEGORIES, OPTIMIZERS, Memory
+from .inputs import remade
 from .roles import role_of
 from .errors import hidden
 
@@ -268,7 +269,7 @@ def _fake_cpu(mode: Any, model: nn.Module, call: Any) -> tuple[nn.Module, Any]:
                     made[id(tensor)] = nn.Parameter(twin, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else twin
                 table = module._parameters if name in module._parameters else module._buffers
                 table[name] = made[id(tensor)]
-        return model, pytree.tree_map(fake, call)
+        return model, remade(call, fake)[0]
 
 
 def estimate(twin: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], *, mode: str, optimizer: Any,
@@ -304,7 +305,7 @@ def _step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode:
     ledger = _Ledger()
     run = _Run(ledger, roles, layers)
     kept = {"parameters": list(model.parameters()), "buffers": list(model.buffers()), "inputs": (args, kwargs),
-            "optimizer_state": _state_tensors(opt)}
+            "optimizer_state": _state_tensors(opt), "kv_cache": list(remade((args, kwargs), lambda t: t)[1].values())}
     for category, tensors in kept.items():
         for storage in _storages(tensors).values():
             ledger.add(storage, category)
@@ -387,18 +388,16 @@ class Measured:
                 f"difference={self.difference:+,} B)")
 
 
-def _real_inputs(call: Any, given: Any) -> Any:
-    if given is not None:
-        return copy.deepcopy(given)
-
-    def real(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
+def _real_inputs(call: Any, given: Any, where: torch.device) -> Any:
+    """The user's inputs (copied, their cache too), or default ones: random floats, zero ids, on *where*."""
+    def real(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "meta":
+            return t.detach().clone().to(where).requires_grad_(t.requires_grad)
         if t.is_floating_point():
-            return torch.randn(t.shape, dtype=t.dtype).requires_grad_(t.requires_grad)
-        return torch.zeros(t.shape, dtype=t.dtype)
+            return torch.randn(t.shape, dtype=t.dtype, device=where).requires_grad_(t.requires_grad)
+        return torch.zeros(t.shape, dtype=t.dtype, device=where)
 
-    return pytree.tree_map(real, call)
+    return remade(given if given is not None else call, real)[0]
 
 
 @contextlib.contextmanager
@@ -454,7 +453,8 @@ def real_step(model: nn.Module, call: Any, mode: str, optimizer: Any, foreach: b
         with _cuda_peak(device) as found:
             step()
         return found[0], "torch.cuda.max_memory_allocated"
-    start = sum(s.nbytes() for s in _storages([list(model.parameters()), list(model.buffers()), call,
+    held = list(remade(call, lambda t: t)[1].values())  # the inputs, a cache's tensors too
+    start = sum(s.nbytes() for s in _storages([list(model.parameters()), list(model.buffers()), held,
                                                _state_tensors(opt)]).values())
     return _profiled_peak(step, start), "torch.profiler memory records"
 
@@ -464,7 +464,7 @@ def measure_memory(model: nn.Module, guess: Memory, call: Any, given: Any, *, mo
     """The real step's peak beside *guess*, its estimate, on a copy of *model* (the user's is left as it was)."""
     where = torch.device(device)
     real = copy.deepcopy(model).to(where)
-    inputs = pytree.tree_map(lambda t: t.to(where) if isinstance(t, torch.Tensor) else t, _real_inputs(call, given))
+    inputs = _real_inputs(call, given, where)
     with torch.random.fork_rng(devices=[]):
         peak, source = real_step(real, inputs, mode, optimizer, foreach, where)
     return Measured(peak, guess, str(where), source)
@@ -477,7 +477,8 @@ FUSED_NOTE = ("attention_memory_share is 0: the attention ran a fused kernel ({p
 FORWARD_NOTE = "an inference forward (no grad) keeps nothing for a backward: saved activations and their share are 0"
 NOT_MODELLED = ("CPU kernels, not CUDA's (CUDA keeps bool dropout masks, runs fused sdpa with dropout, and picks "
                 "other optimizer kernels); the CUDA allocator's reserve and fragmentation, the CUDA context and "
-                "kernel workspaces are not modelled")
+                "kernel workspaces are not modelled, nor the CPU scalars the optimizer's .item() reads make on a real "
+                "run (an 8- and a 4-byte temporary: a real step may peak 12 B above the estimate)")
 NO_FORMULA = "no per-layer memory formula: {why}"
 
 
@@ -513,16 +514,13 @@ def of_profile(target: nn.Module, call: Any, profiled: Any, *, optimizer: Any, f
     from . import families, footprint
     from .counting import meta_twin
 
-    if profiled.mode not in footprint.MEMORY_MODES:
-        raise ProfileError(f"memory=True estimates a forward or a training step, not mode {profiled.mode!r}; a decode "
-                           "step's memory is its weights plus Profile.kv_cache_bytes plus one step's activations")
     twin = meta_twin(target)
     families.prepare_twin(twin)
     layers = tuple(name for name, row in profiled.modules.items() if row[2] == "layer")
     found = estimate(twin, call, mode=profiled.mode, optimizer=optimizer, roles=profiled.roles, layers=layers,
                      foreach=foreach)
     notes, warnings = [NOT_MODELLED], []
-    if found.mode == "forward":
+    if found.mode != "train":
         notes.append(FORWARD_NOTE)
     elif found.attention_matrices == 0:
         notes.append(FUSED_NOTE.format(path=found.assumptions.get("attention", "fused")))

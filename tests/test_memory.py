@@ -71,6 +71,17 @@ def test_estimate_equals_the_real_cpu_peak(factory, mode):
         assert estimate.at_peak["gradients"] == estimate.at_peak["parameters"]
 
 
+@pytest.mark.parametrize("factory", [tiny_models.llama_like, tiny_models.gpt2_like], ids=["llama", "gpt2"])
+def test_a_decode_step_is_weights_cache_and_activations_to_the_byte(factory):
+    measured = measure_memory(factory, 64, mode="decode")
+    assert measured.difference == 0, measured
+    at_peak = measured.estimate.at_peak
+    # the cache: 2 layers x (K, V) x 64 tokens x 2 heads x 64 x 4 bytes
+    assert at_peak["kv_cache"] == 2 * 2 * 64 * 128 * 4 == profile(factory, 64, mode="decode").kv_cache_bytes
+    assert at_peak["parameters"] == 4 * sum(p.numel() for p in factory().parameters())
+    assert measured.estimate.activations == 0
+
+
 def test_optimizer_peaks_match_the_state_factors():
     sgd = profile(tiny_models.llama_like, N, batch=BATCH, mode="train", memory=True, optimizer="sgd").memory
     adamw = profile(tiny_models.llama_like, N, batch=BATCH, mode="train", memory=True).memory
