@@ -1,6 +1,7 @@
 """Memory beside MACs: the fake-tensor estimate against the real CPU step, the per-layer formula, the marker's
 memory bounds (pytester) and the formulas' hand-computed figures."""
 
+import dataclasses
 import json
 
 import pytest
@@ -209,3 +210,16 @@ def test_the_cli_prints_the_memory_crossover(capsys):
     # 64 · 72 / 12 = 384 = 6d; fp16 with bool masks 64 · 34 / 5 = 435.2; 16 · 64 without dropout
     assert "n×n activations pass the rest of a layer's at n = 384 = 6d" in out
     assert "435.2 (fp16, bool masks), 1,024 = 16d without dropout" in out
+
+
+def test_a_baseline_compares_the_memory_peak():
+    from pytest_attncost.baseline import compare
+
+    before = profile(tiny_models.bert_like, N, mode="train", memory=True)
+    after = profile(tiny_models.bert_like, 2 * N, mode="train", memory=True, name="BertModel")
+    entry = before.to_dict()
+    regressions, _ = compare(entry, dataclasses.replace(before, memory=after.memory), 0.0)
+    assert [r.part for r in regressions] == ["peak_memory"]
+    assert str(regressions[0]).startswith(f"peak_memory {before.memory.peak:,} → {after.memory.peak:,} B (+")
+    assert compare(entry, before, 0.0)[0] == []
+    assert compare(profile(tiny_models.bert_like, N, mode="train").to_dict(), before, 0.0)[0] == []  # none before
