@@ -113,6 +113,8 @@ class Memory:
         attention_matrices: of those, the ``n×n`` matrices (scores, probabilities, dropout masks).
         saved_in_layers: of those, what the repeated layers keep (what the per-layer formula describes).
         optimizer: the optimizer of the step (None: forward, or a step without one).
+        mask_bytes: bytes of the largest ``[b, 1, n, n]`` bool attention mask the model built outside its attention
+            modules (0: none); transformers builds one on fake tensors where a real run may skip it.
         assumptions: kernels, dtype, masks, attention path, optimizer kernel.
         formula: the per-layer formula's figures (``activations``, ``attention_matrices``, ``kind``) for the
             profile's spec, n and batch, or None when it does not describe the layers.
@@ -128,6 +130,7 @@ class Memory:
     attention_matrices: int
     saved_in_layers: int = 0
     optimizer: str | None = None
+    mask_bytes: int = 0
     assumptions: Mapping[str, str] = field(default_factory=dict)
     formula: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
@@ -173,6 +176,7 @@ class Memory:
                 "saved": dict(sorted(self.saved.items())), "activations": self.activations,
                 "attention_matrices": self.attention_matrices, "saved_in_layers": self.saved_in_layers,
                 "attention_memory_share": self.attention_memory_share, "optimizer": self.optimizer,
+                "mask_bytes": self.mask_bytes,
                 "assumptions": dict(sorted(self.assumptions.items())),
                 "formula": None if self.formula is None else dict(self.formula), "deviation": self.deviation,
                 "notes": list(self.notes), "warnings": list(self.warnings)}
@@ -182,6 +186,7 @@ class Memory:
         return cls(mode=data["mode"], peak=int(data["peak"]), phase=data["phase"], at_peak=dict(data["at_peak"]),
                    saved=dict(data["saved"]), attention_matrices=int(data["attention_matrices"]),
                    saved_in_layers=int(data.get("saved_in_layers", 0)), optimizer=data.get("optimizer"),
+                   mask_bytes=int(data.get("mask_bytes", 0)),
                    assumptions=dict(data.get("assumptions", {})), formula=data.get("formula"),
                    notes=tuple(data.get("notes", ())), warnings=tuple(data.get("warnings", ())))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ class _Ledger:
     peak_phase: str = "forward"
     at_peak: dict[str, int] = field(default_factory=dict)
     square: set[int] = field(default_factory=set)  # storage keys of attention matrices
+    mask: tuple[int, ...] | None = None  # the largest [b, 1, n, n] bool mask built outside attention, its shape
 
     def add(self, storage: torch.UntypedStorage, category: str) -> None:
         key = storage._cdata
@@ -151,6 +153,11 @@ class _Live(TorchDispatchMode):
             self.ledger.add(storage, "temporaries")
         if outs and self.scopes and role_of(self.scopes[-1], self.roles) == "attention":
             self._follow(func, args, kwargs, out, outs)
+        elif outs:
+            for t in pytree.tree_leaves(out):
+                if (isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.dim() == 4 and t.shape[1] == 1
+                        and t.shape[-1] == t.shape[-2] > 1 and t.numel() > math.prod(self.ledger.mask or (0,))):
+                    self.ledger.mask = tuple(t.shape)  # a model's [b, 1, n, n] attention mask
         return out
 
     def _follow(self, func: Any, args: Any, kwargs: Any, out: Any, outs: dict[int, Any]) -> None:
@@ -337,7 +344,9 @@ def _step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode:
     return Memory(mode=mode, peak=ledger.peak, phase=ledger.peak_phase, at_peak=ledger.at_peak, saved=saved,
                   attention_matrices=matrices, saved_in_layers=in_layers,
                   optimizer=None if not train else _optimizer_name(optimizer),
-                  assumptions=_assumptions(model, args, kwargs, optimizer if train else None, foreach))
+                  mask_bytes=math.prod(ledger.mask) if ledger.mask else 0,
+                  assumptions={**_assumptions(model, args, kwargs, optimizer if train else None, foreach),
+                               **({} if ledger.mask is None else {"mask": f"bool {list(ledger.mask)}"})})
 
 
 def _optimizer_name(optimizer: Any) -> str | None:
@@ -480,6 +489,9 @@ NOT_MODELLED = ("CPU kernels, not CUDA's (CUDA keeps bool dropout masks, runs fu
                 "kernel workspaces are not modelled, nor the CPU scalars the optimizer's .item() reads make on a real "
                 "run (an 8- and a 4-byte temporary: a real step may peak 12 B above the estimate)")
 NO_FORMULA = "no per-layer memory formula: {why}"
+FAKE_MASK_NOTE = ("transformers built a {shape} bool mask ({size:,} B) on fake tensors, which it treats as tracing: "
+                  "with sdpa a real run whose attention_mask is all ones skips it, so such a step's forward may peak "
+                  "{size:,} B below the estimate; pass no attention_mask to estimate that run")
 
 
 def _formula(spec: Any, n: int, batch: int, found: Memory, layers: int, largest: int) -> tuple[dict[str, Any] | None, str | None]:
@@ -525,6 +537,8 @@ def of_profile(target: nn.Module, call: Any, profiled: Any, *, optimizer: Any, f
     elif found.attention_matrices == 0:
         notes.append(FUSED_NOTE.format(path=found.assumptions.get("attention", "fused")))
     largest = max((p.numel() * p.element_size() for p in twin.parameters()), default=0)
+    if found.mask_bytes and found.assumptions.get("attention") == "sdpa" and "attention_mask" in call[1]:
+        notes.append(FAKE_MASK_NOTE.format(shape=found.assumptions["mask"].removeprefix("bool "), size=found.mask_bytes))
     formula, why = _formula(profiled.spec, profiled.n, profiled.batch, found, profiled.layers, largest)
     if why is not None:
         notes.append(NO_FORMULA.format(why=why))

@@ -223,3 +223,16 @@ def test_a_baseline_compares_the_memory_peak():
     assert str(regressions[0]).startswith(f"peak_memory {before.memory.peak:,} → {after.memory.peak:,} B (+")
     assert compare(entry, before, 0.0)[0] == []
     assert compare(profile(tiny_models.bert_like, N, mode="train").to_dict(), before, 0.0)[0] == []  # none before
+
+
+def test_a_mask_transformers_builds_only_on_fake_tensors_is_named():
+    def with_mask(n, batch):
+        return {"input_ids": torch.zeros(batch, n, dtype=torch.long),
+                "attention_mask": torch.ones(batch, n, dtype=torch.long)}
+
+    measured = measure_memory(tiny_models.llama_like, N, batch=BATCH, inputs=with_mask)
+    # fake tensors read as tracing: a [2, 1, 48, 48] bool mask the real run (an all-ones mask, sdpa) skips
+    assert measured.estimate.mask_bytes == BATCH * N * N == measured.difference
+    assert any("[2, 1, 48, 48] bool mask (4,608 B)" in note for note in measured.estimate.notes)
+    # without an attention_mask both runs build the same mask (the default inputs: equal to the byte, above)
+    assert not any("bool mask" in note for note in profile(tiny_models.llama_like, N, batch=BATCH, memory=True).memory.notes)
