@@ -201,6 +201,8 @@ MEMORY_BOUNDS = MEMORY_SIZE_BOUNDS + MEMORY_SHARE_BOUNDS
 MEMORY_MESSAGE = "{what} was limited to {limit} but the estimate is {value} {where}"
 MEMORY_MIN_MESSAGE = "{what} was to be at least {limit} but the estimate is {value} {where}"
 NO_MEMORY = "{bound}: the profile has no memory estimate (profile it with memory=True)"
+NOT_TRAINING = ("{bound}: a {mode} keeps nothing for a backward, so its saved activations are 0 and bound nothing; "
+                "bound a training step (mode='train'), or bound peak_memory")
 
 
 def _both(size: int) -> str:
@@ -223,6 +225,9 @@ def memory_problems(limits: Mapping[str, Any], memory: Memory | None, where: str
     for name, limit in asked.items():
         what, _, side = name.rpartition("_")
         value = values[what]
+        if what != "peak_memory" and memory.mode != "train":
+            problems.append(NOT_TRAINING.format(bound=name, mode="decode step" if memory.mode == "decode" else "forward"))
+            continue
         if not (value > limit if side == "max" else value < limit):
             continue
         share = what == "attention_memory_share"

@@ -117,6 +117,13 @@ def test_a_fused_model_keeps_no_attention_matrix_and_says_so():
     assert len(problems) == 1 and "keeps no n×n tensor" in problems[0]
 
 
+def test_an_activation_bound_on_a_forward_says_it_bounds_nothing():
+    memory = profile(tiny_models.bert_like, N, memory=True).memory
+    problems = memory_problems({"attention_memory_share_max": 0.5, "peak_memory_max": 10**9}, memory, "at n=48")
+    assert problems == ["attention_memory_share_max: a forward keeps nothing for a backward, so its saved activations "
+                        "are 0 and bound nothing; bound a training step (mode='train'), or bound peak_memory"]
+
+
 def test_memory_round_trips_through_json():
     result = profile(tiny_models.bert_like, N, mode="train", memory=True)
     data = json.loads(json.dumps(result.to_dict()))
