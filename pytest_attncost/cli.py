@@ -193,6 +193,8 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
             "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
             "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
         })
+        if memory_crossovers(spec) is not None:  # what a training layer keeps: fp32, CPU's float dropout masks
+            rows[-1]["activation_bytes"] = footprint.activation_bytes(spec, n, batch)
     cross, quad = formulas.crossover_n(spec), formulas.quadratic_n(spec)
     return {
         "spec": spec.to_dict(),
@@ -346,6 +348,9 @@ def render(data: dict[str, Any], name: str) -> str:
         lines.append(f"in training memory, the n×n activations pass the rest of a layer's at n = {memory['fp32']:,.0f}"
                      f" = {memory['fp32'] / d:.3g}d (fp32, float dropout masks: d·(16p + 2m)/(2p + m)), "
                      f"{memory['fp16']:,.1f} (fp16, bool masks), {memory['no_dropout']:,.0f} = 16d without dropout")
+        kept = ", ".join(f"n={r['n']:,}: {format_bytes(r['activation_bytes'])}" for r in data["rows"])
+        lines.append(f"saved for the backward per layer (s·b·H·(16p + 2m) + a·s²·b·(2p + m), fp32): {kept}; model "
+                     "state at AdamW's step: 5x the parameter bytes (foreach), 4x fused, SGD 2x")
     return "\n".join(lines)
 
 

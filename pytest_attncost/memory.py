@@ -46,7 +46,7 @@ _PRODUCTS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "ein
 #: aten products of two operands (the seed of an attention matrix when both are activations).
 _ATEN_PRODUCTS = frozenset({"mm", "bmm", "matmul", "baddbmm", "addmm"})
 NO_FAKE_KERNEL = ("the memory estimate could not run {model} on fake tensors ({reason}); a custom op needs a fake "
-                  "(meta) kernel to be estimated (torch.library.register_fake), or estimate without it")
+                  "(meta) kernel to be estimated (torch.library.register_fake), or profile without memory=True")
 NO_GRAD_OUTPUT = "mode='train' needs an output that requires grad; none of {model}'s outputs did"
 
 

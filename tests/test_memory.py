@@ -217,6 +217,7 @@ def test_the_cli_prints_the_memory_crossover(capsys):
     # 64 · 72 / 12 = 384 = 6d; fp16 with bool masks 64 · 34 / 5 = 435.2; 16 · 64 without dropout
     assert "n×n activations pass the rest of a layer's at n = 384 = 6d" in out
     assert "435.2 (fp16, bool masks), 1,024 = 16d without dropout" in out
+    assert "n=512: 63 MiB" in out  # 66,060,288 B = 63 · 2^20
 
 
 def test_a_baseline_compares_the_memory_peak():
