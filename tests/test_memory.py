@@ -18,10 +18,10 @@ BERT_BASE = ModelSpec(hidden=768, heads=12, head_dim=64, layers=12, ffn_dim=3072
 N, BATCH = 48, 2  # n differs from the head size (64): an n×n matrix and a head's n×d never share a shape
 
 
-def bert_base():
+def bert_base(layers=12):
     from transformers import BertConfig, BertModel
 
-    return BertModel(BertConfig(attn_implementation="eager"))
+    return BertModel(BertConfig(num_hidden_layers=layers, attn_implementation="eager"))
 
 
 # --- the formulas, against numbers written by hand ------------------------------------------------------
@@ -112,15 +112,16 @@ def test_optimizer_peaks_match_the_state_factors():
 
 
 def test_bert_base_saved_activations_equal_the_per_layer_formula():
-    result = profile(bert_base, 512, mode="train", backend="torch", memory=True)
+    # BERT-base's layers (two of them: the formula is per layer), training with dropout at n=512
+    result = profile(lambda: bert_base(layers=2), 512, mode="train", backend="torch", memory=True)
     memory = result.memory
-    assert memory.formula["activations"] == 12 * 66_060_288  # the hand figure above, twelve layers
+    assert memory.formula["activations"] == 2 * 66_060_288  # the hand figure above, two layers
     assert memory.formula["kind"] == "eager, dropout"
     assert abs(memory.saved_in_layers / memory.formula["activations"] - 1) < 0.01
-    assert memory.attention_matrices == memory.formula["attention_matrices"] == 12 * 12 * 512 * 512 * 12
-    # the article's claim: the n×n matrices are most of the activation memory, a tenth of the MACs
+    assert memory.attention_matrices == memory.formula["attention_matrices"] == 2 * 12 * 512 * 512 * 12
+    # the article's claim: the n×n matrices are most of the activation memory, a tenth of the layers' MACs
     assert memory.attention_memory_share > 0.55
-    assert result.attention_core / result.total < 0.11
+    assert result.attention_core / (result.attention + result.ffn) == pytest.approx(0.1, abs=1e-6)
     assert not memory.warnings
 
 
@@ -260,3 +261,14 @@ def test_a_mask_transformers_builds_only_on_fake_tensors_is_named():
     assert any("[2, 1, 48, 48] bool mask (4,608 B)" in note for note in measured.estimate.notes)
     # without an attention_mask both runs build the same mask (the default inputs: equal to the byte, above)
     assert not any("bool mask" in note for note in profile(tiny_models.llama_like, N, batch=BATCH, memory=True).memory.notes)
+
+
+def test_an_optimizer_of_your_own_runs_in_both_steps():
+    def adam_single_tensor(params):
+        return torch.optim.Adam(params, foreach=False)
+
+    measured = measure_memory(tiny_models.llama_like, N, batch=BATCH, mode="train", optimizer=adam_single_tensor)
+    assert abs(measured.difference) <= 4096, measured
+    assert measured.estimate.optimizer == "adam_single_tensor"
+    with pytest.raises(ProfileError, match="optimizer= must be"):
+        profile(tiny_models.llama_like, N, mode="train", memory=True, optimizer="lion")
