@@ -43,8 +43,10 @@ STATE_FACTORS = {("adamw", "foreach"): 5, ("adamw", "fused"): 4, ("adamw", "sing
 #: Above this relative deviation from the per-layer formula, a profile's memory carries a warning.
 MEMORY_TOLERANCE = 0.02
 MEMORY_FORMULA_WARNING = ("saved activations in the layers are {measured:,} B but the per-layer formula gives "
-                          "{expected:,} B ({deviation:+.2%}, {kind}): the layers keep what the formula does not "
-                          "describe (a gated FFN, RMSNorm, rotary tables, another attention path)")
+                          "{expected:,} B ({deviation:+.2%}, {kind}): the layers keep what BERT's layer, which the "
+                          "formula describes, does not (an activation written as several ops such as GPT-2's "
+                          "gelu_new, dropout inside the FFN, another norm or attention path); the estimate is of "
+                          "what this model's autograd keeps")
 
 
 def activation_bytes(spec: ModelSpec, n: int, batch: int = 1, *, p: int = 4, mask: int = 4, dropout: bool = True,
