@@ -210,8 +210,10 @@ def test_peak_memory_bound_passes_and_fails_on_bert_base_training_at_4096(projec
         def test_does_not_fit(attncost):
             attncost.profile(bert_base)
     """)
-    result = project.runpytest("-p", "no:randomly", "--attncost-json", "out.json")
+    result = project.runpytest("-p", "no:randomly", "--attncost-json", "out.json", "--attncost-report")
     result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["memory (estimated on fake tensors with CPU kernels; see docs/memory.md):",
+                                 "*test_fits*training step (adamw): peak * GiB (* B) in backward; saved activations*"])
     # 20 GB is 20,000 MB of 10^6 B but 19,073.5 of pytest-memray's 2^20 B; BERT-base has 109,482,240 fp32
     # parameters, so AdamW foreach's model state is 5 · 4 · 109,482,240 B
     result.stdout.fnmatch_lines([
