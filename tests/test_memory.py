@@ -99,16 +99,29 @@ def test_a_decode_step_is_weights_cache_and_activations_to_the_byte(factory):
     assert measured.estimate.activations == 0
 
 
-def test_optimizer_peaks_match_the_state_factors():
-    sgd = profile(tiny_models.llama_like, N, batch=BATCH, mode="train", memory=True, optimizer="sgd").memory
-    adamw = profile(tiny_models.llama_like, N, batch=BATCH, mode="train", memory=True).memory
-    params = adamw.at_peak["parameters"]
-    # AdamW foreach at its peak: parameters, gradients, two moments and one temporary of every parameter (5x)
-    state = adamw.at_peak["optimizer_state"] - 4 * len(list(tiny_models.llama_like().parameters()))  # step counters
-    assert adamw.phase == "optimizer"
-    assert adamw.at_peak["parameters"] + adamw.at_peak["gradients"] + state + adamw.at_peak["temporaries"] == \
-        model_state_bytes(params, "adamw", "foreach")
-    assert sgd.at_peak["optimizer_state"] == 0
+class TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(256, 256, bias=False)
+        self.b = nn.Linear(256, 64, bias=False)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize(("optimizer", "expected"), [
+    ("adamw", 5 * 327_680),  # foreach: a temporary of every parameter at once
+    (lambda params: torch.optim.AdamW(params, foreach=False), 4 * 327_680 + 2 * 262_144),  # the largest, twice
+])
+def test_optimizer_peaks_match_the_state_factors(optimizer, expected):
+    # parameters 4 · (256·256 + 256·64) = 327,680 B, the largest 262,144 B; two 4-byte step counters
+    memory = profile(TwoLinears(), 4, inputs=torch.randn(1, 4, 256), roles={"ffn": ["a", "b"]}, mode="train",
+                     memory=True, optimizer=optimizer).memory
+    at = memory.at_peak
+    assert memory.phase == "optimizer"
+    assert at["parameters"] + at["gradients"] + at["optimizer_state"] + at["temporaries"] == expected + 8
+    kernel = "foreach" if optimizer == "adamw" else "single-tensor"
+    assert model_state_bytes(327_680, "adamw", kernel, largest=262_144) == expected
 
 
 def test_bert_base_saved_activations_equal_the_per_layer_formula():
