@@ -188,8 +188,9 @@ class _Live(TorchDispatchMode):
     def _follow(self, func: Any, args: Any, kwargs: Any, out: Any, outs: dict[int, Any]) -> None:
         """Mark *out* an attention matrix when it is QK^T (a product of two activations, neither of them a matrix
         already) or made from one at its shape (softmax, masking, dropout and its mask)."""
-        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        keys = [t.untyped_storage()._cdata for t in tensors if t.layout == torch.strided]
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+                   and t.layout == torch.strided]
+        keys = [t.untyped_storage()._cdata for t in tensors]
         squares = [t for t, k in zip(tensors, keys) if k in self.ledger.square]
         name = func.overloadpacket.__name__
         if name in _ATEN_PRODUCTS:
