@@ -9,6 +9,7 @@ model you are waiting for" (PaperWeekly / kexue.fm, 2021) does: attention core
 from __future__ import annotations
 
 from .conventions import Formula
+from .footprint import Memory, activation_bytes, memory_crossover_n, model_state_bytes
 from .formulas import (
     Costs,
     ModelSpec,
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Costs",
     "Formula",
+    "Memory",
     "ModelSpec",
     "Profile",
     "ProfileError",
@@ -46,6 +48,7 @@ __all__ = [
     "Timing",
     "TimingSweep",
     "__version__",
+    "activation_bytes",
     "attention",
     "attention_core",
     "attention_proj",
@@ -63,7 +66,10 @@ __all__ = [
     "layer_costs",
     "linear_attention_saving",
     "measure",
+    "measure_memory",
     "measure_sweep",
+    "memory_crossover_n",
+    "model_state_bytes",
     "model_costs",
     "parse_count",
     "clear_cache",
@@ -92,7 +98,7 @@ def __getattr__(name: str) -> object:
         from .result import Timing
 
         return Timing
-    if name in ("decode_sweep", "measure", "measure_sweep"):
+    if name in ("decode_sweep", "measure", "measure_sweep", "measure_memory"):
         from . import api
 
         return getattr(api, name)

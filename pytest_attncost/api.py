@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import families, one_run, pipeline, timing
+from . import memory as memory_mod
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
 from .counting import HOOKS_NOTE, Options, kept_torch_state, masks, unwrap, user_hooks
 from .errors import ProfileError, TimingError
@@ -28,7 +29,14 @@ from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["ProfileError", "clear_cache", "decode_sweep", "measure", "measure_sweep", "profile", "spec_of", "sweep"]
+__all__ = ["ProfileError", "clear_cache", "decode_sweep", "measure", "measure_memory", "measure_sweep", "profile",
+           "spec_of", "sweep"]
+
+#: measure_memory() runs the real step only below this estimated peak (the estimate comes first).
+REAL_STEP_LIMIT = 2 * 10**9
+TOO_BIG_TO_RUN = ("measure_memory() runs the real step only when its estimated peak is under {limit:,} B; this one "
+                  "is estimated at {peak:,} B: measure at a smaller n or batch (the estimate holds at any size)")
+NO_CUDA = "measure_memory(device={device!r}): no CUDA device here (torch.cuda.is_available() is False)"
 
 
 def _positive(name: str, value: object, hint: str = "") -> int:
@@ -97,6 +105,8 @@ def profile(
     fallback: bool = True,
     new_tokens: int | None = None,
     m: int | None = None,
+    memory: bool = False,
+    optimizer: Any = "adamw",
 ) -> Profile:
     """Count one forward pass of *model* and split it into attention_core, attention_proj, ffn, other.
 
@@ -132,6 +142,11 @@ def profile(
         new_tokens: decode mode: the query tokens of the step (default 1).
         m: the second sequence's length (:attr:`Profile.m`: an encoder-decoder's target, a decoder's memory),
             for default inputs (default n); your own inputs must agree with it.
+        memory: also estimate the peak memory of the step on fake tensors (:attr:`Profile.memory`, see
+            :mod:`pytest_attncost.memory`): an inference forward (``mode="forward"``) or one steady-state training
+            step (``mode="train"``: forward, backward of the sum of the outputs, the optimizer's step).
+        optimizer: the training step's optimizer: ``"adamw"`` (foreach, as torch runs it on CUDA), ``"sgd"``, a
+            callable ``params -> torch.optim.Optimizer``, or None (no step).
 
     Returns:
         The :class:`Profile`.
@@ -140,8 +155,27 @@ def profile(
         ProfileError: bad arguments, or a model that cannot be counted (the message
             says why and what to do).
     """
-    return _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend,
-                    mode=mode, causal=causal, fallback=fallback, new_tokens=new_tokens, m=m)[0]
+    # long: the docstring documents every argument; the body is four lines
+    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
+                                      backend=backend, mode=mode, causal=causal, fallback=fallback,
+                                      new_tokens=new_tokens, m=m)
+    if not memory:
+        return counted
+    return with_memory(counted, target, built or _rebuilt(target, n, counted, inputs, m), optimizer)
+
+
+def _rebuilt(target: nn.Module, n: int | None, counted: Profile, inputs: Inputs | None, m: int | None) -> Built:
+    """The inputs of a profile that came from the cache, built again as its mode takes them."""
+    return build(target, n, counted.batch, inputs, counted.mode == "decode", counted.new_tokens or 1, m)
+
+
+def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: Any) -> Profile:
+    """*counted* with its memory estimate (made anew each time: it is not cached)."""
+    if optimizer is not None and not isinstance(optimizer, str) and not callable(optimizer):
+        raise ProfileError(f"optimizer= must be 'adamw', 'sgd', None or a callable params -> optimizer, got {optimizer!r}")
+    found = memory_mod.of_profile(target, built.call(), counted, optimizer=optimizer if counted.mode == "train" else None,
+                                  foreach=True)
+    return dataclasses.replace(counted, memory=found, warnings=(*counted.warnings, *found.warnings))
 
 
 def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | None, roles: Mapping[str, Any] | None,
@@ -312,6 +346,43 @@ def measure(
     if built is None:  # the profile came from the cache: its inputs, built once here
         built = build(target, n, counted.batch, inputs)
     return timing.time_forward(counted, model, built, where, dtype, warmup, repeats, seed, threads)
+
+
+def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None, inputs: Any = None,
+                   mode: str = "forward", optimizer: Any = "adamw", device: Any = "cpu", seed: int = 0,
+                   **profile_kwargs: Any) -> memory_mod.Measured:
+    """Run *model*'s step for real and set its measured peak beside the fake-tensor estimate of the same step.
+
+    The step is :func:`profile`'s with ``memory=True`` (``mode="forward"``: an inference forward;
+    ``mode="train"``: forward, backward, the optimizer's step from a steady state), run on a copy of the model (a
+    factory's model built on the CPU with seeded random weights). On the CPU the peak is read from torch's profiler
+    memory records (every allocation and free of the step) plus what was live at its start; on CUDA from
+    ``torch.cuda.max_memory_allocated`` (which the CPU kernels the estimate assumes need not match).
+
+    Raises:
+        ProfileError: bad arguments, a step estimated at more than :data:`REAL_STEP_LIMIT` bytes, no CUDA device
+            for ``device="cuda"``, or anything :func:`profile` raises.
+    """
+    where = torch.device(device)
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileError(NO_CUDA.format(device=str(device)))
+    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, mode=mode,
+                                      new_tokens=profile_kwargs.pop("new_tokens", None),
+                                      **{"roles": None, "spec": None, "name": None, "backend": None, "causal": "full",
+                                         "fallback": True, **profile_kwargs})
+    built = built or _rebuilt(target, n, counted, inputs, profile_kwargs.get("m"))
+    estimated = with_memory(counted, target, built, optimizer).memory
+    assert estimated is not None
+    if estimated.peak > REAL_STEP_LIMIT:
+        raise ProfileError(TOO_BIG_TO_RUN.format(limit=REAL_STEP_LIMIT, peak=estimated.peak))
+    if isinstance(model, nn.Module):
+        real = model
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            real = model()
+    return memory_mod.measure_memory(real, estimated, built.call(), built.given, mode=mode,
+                                     optimizer=optimizer if mode == "train" else None, foreach=True, device=where)
 
 
 def measure_sweep(model: Any, ns: Sequence[int], **measure_kwargs: Any) -> TimingSweep:

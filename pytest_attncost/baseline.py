@@ -162,6 +162,7 @@ class Regression:
     before: int
     after: int
     allowed: float  # percent
+    unit: str = "MAC"  # "B" for the memory estimate's peak
 
     @property
     def change(self) -> float:
@@ -172,12 +173,20 @@ class Regression:
 
     def __str__(self) -> str:
         change = "new cost" if math.isinf(self.change) else f"{self.change:+.1f}%"
-        return (f"{self.part} {self.before:,} → {self.after:,} MAC ({change}) over the baseline "
+        return (f"{self.part} {self.before:,} → {self.after:,} {self.unit} ({change}) over the baseline "
                 f"(max_increase {self.allowed:g}%)")
 
 
 def _part(counts: Mapping[str, Any] | Profile, part: str) -> int:
     return int(counts[part] if isinstance(counts, Mapping) else getattr(counts, part))
+
+
+def _memory_peak(counts: Mapping[str, Any] | Profile) -> int | None:
+    """The memory estimate's peak, in bytes; None where memory was not estimated."""
+    if isinstance(counts, Mapping):
+        memory = counts.get("memory")
+        return int(memory["peak"]) if isinstance(memory, Mapping) and "peak" in memory else None
+    return None if counts.memory is None else counts.memory.peak
 
 
 def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
@@ -190,6 +199,11 @@ def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
         if after <= before:
             continue
         regression = Regression(part, before, after, allowed)
+        if regression.change > allowed:
+            regressions.append(regression)
+    peaks = _memory_peak(baseline), _memory_peak(now)
+    if None not in peaks and peaks[1] > peaks[0]:  # type: ignore[operator]  # both estimated memory
+        regression = Regression("peak_memory", int(peaks[0]), int(peaks[1]), allowed, "B")  # type: ignore[arg-type]
         if regression.change > allowed:
             regressions.append(regression)
     before, after = int(baseline["total"]), _part(now, "total")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from . import baseline, conventions, formulas, reporting
+from . import baseline, conventions, footprint, formulas, reporting
 from .formulas import ModelSpec
 from .units import format_bytes
 from .units import table as text_table
@@ -193,6 +193,8 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
             "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
             "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
         })
+        if memory_crossovers(spec) is not None:  # what a training layer keeps: fp32, CPU's float dropout masks
+            rows[-1]["activation_bytes"] = footprint.activation_bytes(spec, n, batch)
     cross, quad = formulas.crossover_n(spec), formulas.quadratic_n(spec)
     return {
         "spec": spec.to_dict(),
@@ -200,8 +202,20 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
         "unit": "MAC",
         "crossover_n": None if cross is None else float(cross),
         "quadratic_n": None if quad is None else float(quad),
+        "memory_crossover_n": memory_crossovers(spec),
         "rows": rows,
     }
+
+
+def memory_crossovers(spec: ModelSpec) -> dict[str, float] | None:
+    """Where a training layer's n×n activations pass the rest (:func:`footprint.memory_crossover_n`): fp32 with
+    CPU's float dropout masks, fp16 with CUDA's bool masks, and without dropout; None where the per-layer memory
+    formula does not describe the layer (gated FFN, experts, an FFN other than 4·hidden)."""
+    if spec.gated or spec.experts or spec.ffn_dim != 4 * spec.hidden:
+        return None
+    return {"fp32": float(footprint.memory_crossover_n(spec, p=4, mask=4)),
+            "fp16": float(footprint.memory_crossover_n(spec, p=2, mask=1)),
+            "no_dropout": float(footprint.memory_crossover_n(spec, dropout=False))}
 
 
 def decode_lengths(spec: ModelSpec) -> list[int]:
@@ -242,8 +256,20 @@ def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_
         "unit": "MAC",
         "crossover_n": None if cross is None else float(cross),
         "quadratic_n": None if quad is None else float(quad),
+        "memory_crossover_n": memory_crossovers(spec),
         "rows": rows,
     }
+
+
+def memory_crossovers(spec: ModelSpec) -> dict[str, float] | None:
+    """Where a training layer's n×n activations pass the rest (:func:`footprint.memory_crossover_n`): fp32 with
+    CPU's float dropout masks, fp16 with CUDA's bool masks, and without dropout; None where the per-layer memory
+    formula does not describe the layer (gated FFN, experts, an FFN other than 4·hidden)."""
+    if spec.gated or spec.experts or spec.ffn_dim != 4 * spec.hidden:
+        return None
+    return {"fp32": float(footprint.memory_crossover_n(spec, p=4, mask=4)),
+            "fp16": float(footprint.memory_crossover_n(spec, p=2, mask=1)),
+            "no_dropout": float(footprint.memory_crossover_n(spec, dropout=False))}
 
 
 def render_decode(data: dict[str, Any], spec: dict[str, Any]) -> str:
@@ -316,6 +342,15 @@ def render(data: dict[str, Any], name: str) -> str:
     lines += text_table(headers, body, right=range(len(headers)), rule=False)
     lines.append(_threshold(data["crossover_n"], 2, hd, "attention overtakes the FFN"))
     lines.append(_threshold(data["quadratic_n"], 6, hd, "the quadratic term dominates the layer"))
+    memory = data.get("memory_crossover_n")
+    if memory is not None:
+        d = spec["head_dim"]
+        lines.append(f"in training memory, the n×n activations pass the rest of a layer's at n = {memory['fp32']:,.0f}"
+                     f" = {memory['fp32'] / d:.3g}d (fp32, float dropout masks: d·(16p + 2m)/(2p + m)), "
+                     f"{memory['fp16']:,.1f} (fp16, bool masks), {memory['no_dropout']:,.0f} = 16d without dropout")
+        kept = ", ".join(f"n={r['n']:,}: {format_bytes(r['activation_bytes'])}" for r in data["rows"])
+        lines.append(f"saved for the backward per layer (s·b·H·(16p + 2m) + a·s²·b·(2p + m), fp32): {kept}; model "
+                     "state at AdamW's step: 5x the parameter bytes (foreach), 4x fused, SGD 2x")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ cache is copied afresh for every count (the forward appends to it). After the co
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -340,6 +340,16 @@ def fresh(args: tuple[Any, ...], kwargs: dict[str, Any], *, meta: bool = True) -
     for key, tensor in found.items():
         memo[key] = torch.empty_like(tensor, device="meta") if meta else tensor.clone()
     return copy.deepcopy((args, kwargs), memo)
+
+
+def remade(call: Call, make: Callable[[torch.Tensor], Any]) -> tuple[Call, dict[int, Any]]:
+    """A copy of the inputs, caches included, with every tensor replaced by ``make(tensor)``; and the made
+    tensors by the id of the tensor each replaced (the memory estimate's fake and real copies)."""
+    found: dict[int, torch.Tensor] = {}
+    _tensors_in(call, found)
+    memo: dict[int, Any] = {key: make(tensor) for key, tensor in found.items()}
+    made = dict(memo)
+    return copy.deepcopy(call, memo), made
 
 
 def cache_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import devices
 from .conventions import Formula
+from .footprint import MEMORY_BOUNDS, MEMORY_SHARE_BOUNDS, MEMORY_SIZE_BOUNDS, memory_problems
 from .formulas import relative_deviation
 from .result import MODES, Profile, Timing
 from .series import Sweep, SweepError
@@ -41,7 +42,10 @@ MARKER_HELP = (
     "attention_time_share_max/min and quadratic_time_share_max/min (shares of the time attncost.measure() "
     "measured, broken only beyond the spread of at least 5 repeats), "
     "audit (a function n -> FLOPs, or pytest_attncost.Formula: fails with the terms it differs from the count by), "
-    "mfu_min with peak ('h100-sxm-bf16', 'cpu-fp32' or FLOP/s: the counted FLOPs over the measured forward time)."
+    "mfu_min with peak ('h100-sxm-bf16', 'cpu-fp32' or FLOP/s: the counted FLOPs over the measured forward time), "
+    "peak_memory_max/min and activation_memory_max/min (bytes of the memory estimate: an int or '80 GB', '2 GiB'; "
+    "with mode='train' a training step) and attention_memory_share_max/min (the n×n matrices' share of saved "
+    "activations): any of them estimates the memory too."
 )
 
 NO_PROFILE = "no model was profiled: call attncost.profile(model) in the test body"
@@ -82,6 +86,13 @@ class Bounds:
     audit: Formula | None = None  # a user's FLOPs formula, which must agree with the count
     mfu_min: float | None = None  # counted FLOPs / measured time / peak, beyond the noise
     peak: str | float | None = None  # "h100-sxm-bf16", "cpu-fp32" or FLOP/s
+    # the memory estimate (profile(memory=True), implied by any of them): bytes, and the n×n matrices' share
+    peak_memory_max: int | None = None
+    peak_memory_min: int | None = None
+    activation_memory_max: int | None = None
+    activation_memory_min: int | None = None
+    attention_memory_share_max: float | None = None
+    attention_memory_share_min: float | None = None
 
     @property
     def has_bounds(self) -> bool:
@@ -90,6 +101,10 @@ class Bounds:
             for f in dataclasses.fields(self)
             if f.name not in ("lengths", "batch", "m", "mode", "new_tokens")
         )
+
+    @property
+    def has_memory_bounds(self) -> bool:
+        return any(getattr(self, name) is not None for name in MEMORY_BOUNDS)
 
     @property
     def has_sweep_bounds(self) -> bool:
@@ -224,6 +239,7 @@ _PARSERS: Mapping[str, Callable[[str, object], Any]] = {
     "max_increase": _increase, "crossover_min": _tokens, "crossover_max": _tokens, "crosscheck": _flag,
     "crossover_rtol": _rtol, "mode": _mode, "new_tokens": _length, "kv_cache_max": _read(parse_bytes),
     **dict.fromkeys(TIME_BOUNDS, parse_time_bound), "audit": _formula, "mfu_min": _share, "peak": _peak,
+    **dict.fromkeys(MEMORY_SIZE_BOUNDS, _read(parse_bytes)), **dict.fromkeys(MEMORY_SHARE_BOUNDS, _share),
 }
 
 
@@ -305,7 +321,8 @@ def check_bounds(bounds: Bounds, profile: Profile, unit: str = "mac") -> list[st
     """Every bound *profile* breaks, as one readable line each."""
     where = f"at n={profile.n}" + (f", batch={profile.batch}" if profile.batch != 1 else "")
     return [*_share_problems(bounds, profile, where), *_count_problems(bounds, profile, unit, where),
-            *_shape_problems(bounds, profile, where), *_audit_problems(bounds.audit, profile.audit, where)]
+            *_shape_problems(bounds, profile, where), *_audit_problems(bounds.audit, profile.audit, where),
+            *memory_problems({name: getattr(bounds, name) for name in MEMORY_BOUNDS}, profile.memory, where)]
 
 
 def _audit_problems(formula: Formula | None, audit: Callable[[Formula], Any], where: str) -> list[str]:

@@ -192,9 +192,12 @@ class AttncostFixture:
         fallback: bool = True,
         new_tokens: int | None = None,
         m: int | None = None,
+        memory: bool | None = None,
+        optimizer: Any = "adamw",
     ) -> Profile:
         """Like :func:`pytest_attncost.profile`, defaulting n, m and batch to the marker's and the backend to
-        the ini's; recorded for the report (and counted by both backends when cross-checking)."""
+        the ini's, and memory to whether the marker bounds it; recorded for the report (and counted by both
+        backends when cross-checking)."""
         from .api import profile
 
         # The marker's n and batch hold for explicit tensors too: profile() then checks that the
@@ -212,7 +215,10 @@ class AttncostFixture:
         settings = self._item.config.stash[SETTINGS_KEY]
         options = dict(batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, mode=mode, causal=causal,
                        new_tokens=new_tokens, m=m)
-        result = profile(model, n, backend=backend or settings.backend, fallback=fallback, **options)
+        if memory is None:
+            memory = self._bounds is not None and self._bounds.has_memory_bounds
+        result = profile(model, n, backend=backend or settings.backend, fallback=fallback, memory=memory,
+                         optimizer=optimizer, **options)
         self._item.stash.setdefault(PROFILES_KEY, []).append(result)
         wanted = self._bounds.crosscheck if self._bounds is not None and self._bounds.crosscheck is not None else (
             settings.crosscheck)

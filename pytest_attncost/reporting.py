@@ -397,6 +397,8 @@ def sections(rows: Sequence[Row], sweeps: Sequence[SweepRow] = ()) -> list[Secti
                 {i: paths for i, paths in plots.items() if paths}),
         Section("ops fvcore skipped (not in the counts; elementwise ops are expected here)", unsupported_lines(rows)),
         Section("KV cache of the decode steps (n = tokens already in the cache)", kv_cache_lines(rows)),
+        Section("memory (estimated on fake tensors with CPU kernels; see docs/memory.md)",
+                [f"{row.where}: {row.profile.memory.summary()}" for row in rows if row.profile.memory is not None]),
         Section(TIME_HEADER, time_lines(rows)),
         Section(WARNINGS_HEADER, warning_lines(rows)),
         Section("counted by the torch backend because fvcore could not trace",

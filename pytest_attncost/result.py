@@ -15,6 +15,7 @@ from typing import Any
 
 from . import devices, formulas
 from .conventions import Audit, Convention, Formula, audit, conventions
+from .footprint import Memory
 from .formulas import Costs, ModelSpec, relative_deviation
 from .ops import MATMUL_LIKE_UNSUPPORTED
 from .units import format_count, format_seconds, table
@@ -75,6 +76,8 @@ class Profile:
             activations) and its result. Norms, activations, softmax and biases are not products, and are not in.
         kv_cache_bytes: bytes of the KV cache the decode step read (its n tokens, every layer,
             in the cache's dtype); None outside decode mode.
+        memory: the memory estimate (:class:`~pytest_attncost.footprint.Memory`) when ``memory=True`` asked for
+            it (or a memory bound implied it); None otherwise.
         outside: MACs of attention that runs outside the repeated layers (Perceiver IO's cross-attention,
             attention-pooling heads), by part: counted in the parts, left out of the comparison with the
             formula, which describes the layers (:meth:`in_layers`).
@@ -106,6 +109,7 @@ class Profile:
     outside: Mapping[str, int] = field(default_factory=dict)
     dtype: str = "float32"
     moved: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    memory: Memory | None = None
     # module -> (class, parameters, role): for table(); not part of the dict (it can be large)
     modules: Mapping[str, tuple[str, int, str]] = field(default_factory=dict, repr=False, compare=False)
     # module -> "attention" / "ffn": the role map the split used (measure() places time with it), and
@@ -331,6 +335,8 @@ class Profile:
         if self.moved:  # bytes: present where the count recorded them
             data["dtype"] = self.dtype
             data["moved"] = {part: list(pair) for part, pair in sorted(self.moved.items())}
+        if self.memory is not None:  # present only where memory was estimated
+            data["memory"] = self.memory.to_dict()
         return data
 
     @classmethod
@@ -345,6 +351,8 @@ class Profile:
                 kwargs[name] = tuple(kwargs[name])
         if "moved" in kwargs:
             kwargs["moved"] = {part: tuple(pair) for part, pair in kwargs["moved"].items()}
+        if kwargs.get("memory") is not None:
+            kwargs["memory"] = Memory.from_dict(kwargs["memory"])
         return cls(**kwargs)
 
 

@@ -39,11 +39,13 @@ TOKENS = ["crossover_min", "crossover_max"]
 FLAGS = ["crosscheck"]
 DECODE = ["mode", "new_tokens", "kv_cache_max"]
 AUDIT = ["audit", "mfu_min", "peak"]
+MEMORY = ["peak_memory_max", "peak_memory_min", "activation_memory_max", "activation_memory_min",
+          "attention_memory_share_max", "attention_memory_share_min"]
 TIME = ["attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max", "quadratic_time_share_min"]
 
 
 def test_every_keyword_is_covered():
-    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS + DECODE + TIME + AUDIT) == KEYWORDS
+    assert set(SHARES + COUNTS + TOLERANCES + LENGTHS + TOKENS + FLAGS + DECODE + TIME + AUDIT + MEMORY) == KEYWORDS
 
 
 BAD = [float("nan"), float("inf"), -1, True, "abc", None, [0.5]]
