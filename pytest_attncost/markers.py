@@ -469,14 +469,15 @@ def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, f
     return problems
 
 
-MFU_MESSAGE = ("MFU {mfu:.3f} < mfu_min {limit:g} beyond the noise at n={n} on {where}: {flops:.4g} FLOP (the exact "
-               "count, 2 FLOP per MAC, causal={causal!r}) in {seconds} (median of {repeats} forwards, spread "
-               "±{spread}) = {rate:.4g} FLOP/s against {peak}")
+MFU_MESSAGE = ("MFU {mfu:.3f} < mfu_min {limit:g} beyond the noise at n={n} on {where}: {flops:.4g} model FLOP (the "
+               "exact count of the forward, 2 FLOP per MAC, causal={causal!r}) in {seconds} (median of {repeats} "
+               "forwards, spread ±{spread}) = {rate:.4g} FLOP/s against {peak}")
 
 
 def check_mfu(timings: Sequence[Timing] | Timing, mfu_min: float | None, peak: str | float | None) -> list[str]:
     """MFU (model FLOPs utilization: the counted FLOPs of a forward over its measured time, over the peak) below
-    *mfu_min* beyond the noise: even at the median less the spread, the forward is slower than the bound allows."""
+    *mfu_min* beyond the noise. A forward re-runs nothing, so its model FLOPs (what PaLM's MFU counts) and hardware
+    FLOPs agree (see :attr:`Profile.model_flops`): even at the median less the spread, the forward is slower than the bound allows."""
     if mfu_min is None or peak is None:
         return []
     timings = [timings] if isinstance(timings, Timing) else timings
