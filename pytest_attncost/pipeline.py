@@ -144,7 +144,7 @@ class Setup:
             causal_modules=frozenset(name for name, said in declared.items() if said) if causal else None,
             bidirectional=frozenset(name for name, said in declared.items() if not said) if causal else frozenset(),
             containers=[name for name, module in twin.named_modules()
-                        if isinstance(module, (nn.ModuleList, nn.Sequential))],
+                        if isinstance(module, (nn.ModuleList, nn.Sequential))] + counting.shell_containers(twin),
             experts=families.experts_of(twin),
         )
 
@@ -299,6 +299,8 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
     warnings += _formula_warnings(result)
     if counted.unchecked:
         warnings.append(counted.unchecked)
+    if (flat := counting.unscoped(target)) is not None:
+        warnings.append(flat)
     if result.kv_cache_bytes == 0:
         warnings.append(CACHE_BYTES_WARNING.format(n=n))
     if parts.halved and not decoding and not setup.local:  # local attention keeps fewer pairs than n(n+1)/2

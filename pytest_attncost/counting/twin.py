@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import CountError
 from ..families import patchify_conv
+from .graphs import run_in_scopes
 from ..errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
@@ -107,6 +108,7 @@ def meta_twin(model: nn.Module) -> nn.Module:
     drop_hooks(clone)
     for module in clone.modules():
         patchify_conv(module)
+    run_in_scopes(clone)  # a GraphModule runs in its original modules' scopes (see .graphs)
     return clone
 
 
