@@ -39,8 +39,18 @@ def _positive(name: str, value: object, hint: str = "") -> int:
 _OLD_TORCH = one_run.TORCH_VERSION < (2, 9)
 
 
+def _exported(model: object) -> object:
+    """An ExportedProgram as the module it runs (``exported.module()``: its nodes keep the module paths, which
+    the count reads); anything else as it is."""
+    kind = type(model)
+    if kind.__module__.startswith("torch.export") and kind.__name__ == "ExportedProgram":
+        return model.module()  # type: ignore[attr-defined]
+    return model
+
+
 def _resolve_model(model: object) -> nn.Module:
     """The module to count: the model itself, or what a zero-argument factory builds on the meta device."""
+    model = _exported(model)
     if isinstance(model, nn.Module):
         return unwrap(model)
     if callable(model):
@@ -293,6 +303,7 @@ def measure(
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TimingError(f"dtype= must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
     where = timing.device_of(device)
+    model = _exported(model)
     counted, built, target = _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
                                       backend=backend, mode="forward", causal="full", fallback=True, new_tokens=None)
     if built is None:  # the profile came from the cache: its inputs, built once here

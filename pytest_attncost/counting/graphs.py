@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["NO_SCOPES", "run_in_scopes", "shell_containers", "unscoped"]
+__all__ = ["NO_SCOPES", "graph_metadata", "run_in_scopes", "shell_containers", "unscoped"]
 
 NO_SCOPES = ("{name} is a torch.fx GraphModule whose nodes carry no nn_module_stack: its ops run in no module of "
              "the original model, so its layers cannot be told (counted as one layer, a head as an FFN); count the "
@@ -39,6 +39,22 @@ def _path(node: torch.fx.Node, modules: dict[str, nn.Module]) -> tuple[str, ...]
 def _shell_forward(thunk: Callable[[], Any]) -> Any:
     """A shell's forward while counting: it runs the stretch of nodes it held."""
     return thunk()
+
+
+def graph_metadata(model: nn.Module) -> dict[int, Any]:
+    """A deepcopy memo that shares, not copies, the tensors the graphs of *model* keep in their nodes' metadata
+    (the fake tensors torch.export records as ``val``; after ``torch.export.unflatten`` they can no longer be
+    copied). They are read, never written: a copy of the module may hold the same ones."""
+    from torch.utils import _pytree as pytree
+
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        if isinstance(module, torch.fx.GraphModule) or isinstance(getattr(module, "graph", None), torch.fx.Graph):
+            for node in module.graph.nodes:
+                for leaf in pytree.tree_leaves(list(node.meta.values())):
+                    if isinstance(leaf, torch.Tensor):
+                        memo[id(leaf)] = leaf
+    return memo
 
 
 def unscoped(model: nn.Module) -> str | None:
