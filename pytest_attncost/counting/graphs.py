@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 __all__ = ["NO_SCOPES", "graph_metadata", "run_in_scopes", "shell_containers", "unscoped"]
 
@@ -45,8 +46,6 @@ def graph_metadata(model: nn.Module) -> dict[int, Any]:
     """A deepcopy memo that shares, not copies, the tensors the graphs of *model* keep in their nodes' metadata
     (the fake tensors torch.export records as ``val``; after ``torch.export.unflatten`` they can no longer be
     copied). They are read, never written: a copy of the module may hold the same ones."""
-    from torch.utils import _pytree as pytree
-
     memo: dict[int, Any] = {}
     for module in model.modules():
         if isinstance(module, torch.fx.GraphModule) or isinstance(getattr(module, "graph", None), torch.fx.Graph):
@@ -82,13 +81,32 @@ def run_in_scopes(twin: nn.Module) -> None:
     def forward(*args: Any, **kwargs: Any) -> Any:
         if kwargs:  # the graph's inputs are positional, in the order of its forward's parameters
             args = signature.bind(twin, *args, **kwargs).args[1:]
-        interpreter = torch.fx.Interpreter(twin, garbage_collect_values=False)
+        interpreter = _OnTwinDevice(twin)
         interpreter.env = {}
         interpreter.args_iter = iter(twin.graph.process_inputs(*args))
         output = _run(interpreter, list(twin.graph.nodes), paths, modules, 0)
         return twin.graph.process_outputs(output)
 
     twin.forward = forward
+
+
+class _OnTwinDevice(torch.fx.Interpreter):
+    """Runs the graph on the twin's device: torch.export bakes the device it ran on into the graph (``arange(...,
+    device=cpu)``, ``to(cpu)``, ``_assert_tensor_metadata(..., device=cpu)``), and the twin lives on the meta device.
+    The asserts check what export saw, not what is counted: they are skipped."""
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        super().__init__(module, garbage_collect_values=False)
+        self.device = next((t.device for t in [*module.parameters(), *module.buffers()]), None)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target is torch.ops.aten._assert_tensor_metadata.default:
+            return None
+        if self.device is not None:
+            device = self.device
+            args, kwargs = pytree.tree_map(
+                lambda v: device if isinstance(v, torch.device) and v != device else v, (args, kwargs))
+        return super().call_function(target, args, kwargs)
 
 
 def _run(interpreter: torch.fx.Interpreter, nodes: Sequence[torch.fx.Node], paths: dict[torch.fx.Node, tuple[str, ...]],
