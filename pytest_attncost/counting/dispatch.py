@@ -137,7 +137,8 @@ class _TorchRecorder:
     autograd sequence numbers. Nothing depends on set order or hash seeds.
 
     Activation checkpointing re-runs forward ops inside the backward (under the node that unpacks a saved
-    tensor, or ``CheckpointFunctionBackward``), with grad enabled, which a backward op never has. Such an op
+    tensor, or ``CheckpointFunctionBackward``), with grad enabled, which a backward op has only in a double
+    backward (see :func:`_recomputing`). Such an op
     is the forward op it repeats (:meth:`_replayed`): it is kept apart, with that op's record, and the
     nodes it creates (the reentrant kind's backward runs on them) map to that forward op.
     """
@@ -283,7 +284,7 @@ class _TorchRecorder:
         out_shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ()
         shapes = tuple(tuple(t.shape) for t in tensors[:3])
         index = len(self.records)
-        if node is not None and torch.is_grad_enabled():  # a forward op run again (activation checkpointing)
+        if node is not None and torch.is_grad_enabled() and _recomputing(node):
             self._recomputed(op, _macs(flops), shapes, out_shape, tensors, node)
             return
         if node is not None:  # backward: the forward op that created this node decides
@@ -415,6 +416,19 @@ class _TorchRecorder:
         self.recompute = [dataclasses.replace(r, mask=records[r.backward_of].mask) if r.backward_of >= 0 else r
                           for r in self.recompute]
         return records
+
+
+def _recomputing(node: Any) -> bool:
+    """Whether an op dispatched under autograd *node* with grad enabled is a forward op that activation checkpointing
+    runs again: under ``CheckpointFunctionBackward`` (the reentrant kind), or with the non-reentrant kind's
+    recomputation hooks on top (a double backward with ``create_graph=True`` is neither)."""
+    if type(node).__name__ == "CheckpointFunctionBackward":
+        return True
+    try:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except (AttributeError, TypeError):  # a torch without it: grad enabled under a node is taken as recompute
+        return True
+    return bool(hooks) and getattr(hooks[0], "__qualname__", "").startswith("_recomputation_hook")
 
 
 def _macs(flops: Any) -> Any:
