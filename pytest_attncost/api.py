@@ -114,9 +114,7 @@ def profile(
     as it was (parameters, device, dtype, ``training`` flags, hooks).
 
     Args:
-        model: an ``nn.Module``, or a zero-argument factory (built on the meta device). A graph of
-            ``torch.export`` (an ``ExportedProgram`` counts as its ``module()``) or ``torch.fx`` is split in the
-            scopes its nodes' ``nn_module_stack`` names.
+        model: an ``nn.Module`` (an exported or fx graph too), or a zero-argument factory (built on the meta device).
         n: sequence length. Needed unless *inputs* are given, in which case it is
             the length the attention saw (ViT: patches + 1) and must agree if given.
         batch: batch size for default inputs (1).
@@ -131,8 +129,7 @@ def profile(
         name: the profile's name (default: the model's class name).
         backend: ``"fvcore"`` (default: jit trace) or ``"torch"`` (FlopCounterMode at the
             dispatcher, on fake tensors).
-        mode: ``"forward"``, ``"train"``: forward plus a real backward (torch backend; forward ops that
-            activation checkpointing runs again are kept apart, in ``Profile.recompute``), or
+        mode: ``"forward"``, ``"train"``: forward plus a real backward (torch backend; recompute apart), or
             ``"decode"``: one step of ``new_tokens`` query tokens against a KV cache holding ``n``
             tokens (a transformers decoder's own cache on the meta device; custom models take
             ``inputs=`` that build their cache for n). The profile's ``n`` is the cache's length.
