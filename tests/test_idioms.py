@@ -14,7 +14,9 @@ projection (D x D) before them and a head (D x 10) after.
 
 from __future__ import annotations
 
+import inspect
 import json
+import textwrap
 
 import pytest
 import torch
@@ -217,28 +219,27 @@ def test_a_graph_without_module_paths_is_warned_not_made_one_layer_silently() ->
     assert "nn_module_stack" in p.warnings[0] and "exported.module()" in p.warnings[0]
 
 
-def test_a_checkpointed_step_and_a_flat_graph_in_a_users_suite(project: pytest.Pytester) -> None:
+def test_a_users_suite_gates_the_step_with_or_without_its_recompute(project: pytest.Pytester) -> None:
+    executed = 3 * L * (CORE + PROJ + FC1 + FC2) + 2 * EMBED + 3 * HEAD + L * (CORE + PROJ + FC1 + FC2)  # 843,264
+    source = "\n\n".join(inspect.getsource(c) for c in (Attention, Block, Tiny))
     project.makepyfile(test_idiom_suite=f"""
+        import pytest
         import torch
+        import torch.nn.functional as F
         from torch import nn
         from torch.utils.checkpoint import checkpoint
 
-        D = {D}
+        D, H, HEAD_DIM, L, CLASSES = {D}, {H}, {HEAD_DIM}, {L}, {CLASSES}
 
-        class Step(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(D, 2, 4 * D, batch_first=True, dropout=0.0)
-                                            for _ in range(2))
+{textwrap.indent(source, " " * 8)}
 
-            def forward(self, x):
-                for block in self.blocks:
-                    x = checkpoint(block, x, use_reentrant=False)
-                return x
+        @pytest.mark.attncost(mode="train", total_max={executed - L * (CORE + PROJ + FC1 + FC2)}, executed_max={executed})
+        def test_within(attncost):
+            attncost.profile(Tiny(True), inputs=(torch.randn(1, {N}, D),))
 
-        def test_checkpointed(attncost):
-            p = attncost.profile(Step(), inputs=(torch.randn(1, {N}, D),), mode="train")
-            assert p.hardware_flops > p.model_flops  # what a user gates
+        @pytest.mark.attncost(mode="train", executed_max={executed - 1})
+        def test_recompute_over(attncost):
+            attncost.profile(Tiny(True), inputs=(torch.randn(1, {N}, D),))
 
         def test_flat(attncost):
             traced = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(D, D), nn.ReLU()))
@@ -247,8 +248,10 @@ def test_a_checkpointed_step_and_a_flat_graph_in_a_users_suite(project: pytest.P
             attncost.profile(traced, inputs=(torch.randn(1, {N}, D),), roles={{"ffn": ["*"]}}, n={N})
     """)
     result = project.runpytest("--attncost-strict", "--attncost-json=out.json")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([f"*attncost: executed 843K MAC > executed_max 843K MAC at n={N} (843,264 > 843,263 MAC; "
+                                 "the recompute of activation checkpointing 205K MAC)*"])
     result.stdout.fnmatch_lines(["*test_flat*", "*carry no nn_module_stack*"])
-    [step] = [p for p in json.loads((project.path / "out.json").read_text())["profiles"] if p["mode"] == "train"]
-    assert step["hardware_flops"] == 2 * step["total"] + 2 * sum(step["recompute"].values())
-    assert step["recompute"] and step["model_flops"] == 6 * step["forward_macs"]
+    steps = [p for p in json.loads((project.path / "out.json").read_text())["profiles"] if p["mode"] == "train"]
+    assert steps and all(step["hardware_flops"] == 2 * executed and step["model_flops"] == 6 * FORWARD
+                         for step in steps)
