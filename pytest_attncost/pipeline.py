@@ -87,6 +87,9 @@ NOT_A_DECODER = ("{name} is not a decoder: its attention is bidirectional (is_ca
 RECOMPUTE_NOTE = ("activation checkpointing ran {macs:,} MAC of the forward again in the backward ({parts}): kept "
                   "apart in Profile.recompute, out of the parts; hardware_flops include them, model_flops (3 x the "
                   "forward's {forward:,} MAC, as PaLM's MFU counts) do not")
+UNMATCHED_RECOMPUTE_WARNING = ("{macs:,} MAC that activation checkpointing ran again in the backward ({scopes}) "
+                               "match no forward op (none of that op and shapes ran in the forward, or it was "
+                               "recomputed twice): counted in recompute as other (or the part roles= names)")
 
 
 def _says_causal(setup: Setup, name: str) -> bool | None:
@@ -301,6 +304,10 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         warnings.append(counted.unchecked)
     if (flat := counting.unscoped(target)) is not None:
         warnings.append(flat)
+    unmatched = [r for r in raw.recompute if r.backward_of is not None and r.backward_of < 0]
+    if unmatched:
+        scopes = ", ".join(dict.fromkeys(r.scope or "the model" for r in unmatched))
+        warnings.append(UNMATCHED_RECOMPUTE_WARNING.format(macs=sum(r.macs for r in unmatched), scopes=scopes))
     if result.kv_cache_bytes == 0:
         warnings.append(CACHE_BYTES_WARNING.format(n=n))
     if parts.halved and not decoding and not setup.local:  # local attention keeps fewer pairs than n(n+1)/2

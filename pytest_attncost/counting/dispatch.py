@@ -4,9 +4,9 @@ arithmetic), with a recorder that gives every op the scope, origin and mask labe
 Backward products (``mode="train"``) take the scope, origin and mask of the forward op they
 differentiate; forward ops that activation checkpointing runs again inside the backward are kept apart
 (:attr:`~pytest_attncost.ops.RawCount.recompute`), each matched to the forward op it repeats; products
-torch has no formula for are listed as unsupported. A count for several
-lengths at once (:mod:`~pytest_attncost.one_run`) runs here too: sizes are then one-run SymInts and
-:func:`at_lengths` splits the records per length.
+torch has no formula for are listed as unsupported. A count for several lengths at once
+(:mod:`~pytest_attncost.one_run`) runs here too: sizes are then one-run SymInts and :func:`at_lengths`
+splits the records per length.
 """
 
 from __future__ import annotations
@@ -138,9 +138,9 @@ class _TorchRecorder:
 
     Activation checkpointing re-runs forward ops inside the backward (under the node that unpacks a saved
     tensor, or ``CheckpointFunctionBackward``), with grad enabled, which a backward op has only in a double
-    backward (see :func:`_recomputing`). Such an op
-    is the forward op it repeats (:meth:`_replayed`): it is kept apart, with that op's record, and the
-    nodes it creates (the reentrant kind's backward runs on them) map to that forward op.
+    backward (see :func:`_recomputing`). Such an op is the forward op it repeats (:meth:`_replayed`): it is
+    kept apart, with that op's record, and the nodes it creates (the reentrant kind's backward runs on them)
+    map to that forward op.
     """
 
     def __init__(self, model: nn.Module, masks: Mapping[str, Pattern]) -> None:

@@ -61,7 +61,9 @@ def unscoped(model: nn.Module) -> str | None:
     if not isinstance(model, torch.fx.GraphModule):
         return None
     modules = dict(model.named_modules())
-    return None if any(_path(node, modules) for node in model.graph.nodes) else NO_SCOPES.format(name=type(model).__name__)
+    if any(_path(node, modules) for node in model.graph.nodes):
+        return None
+    return NO_SCOPES.format(name=type(model).__name__)
 
 
 def run_in_scopes(twin: nn.Module) -> None:
