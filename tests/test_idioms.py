@@ -135,6 +135,37 @@ def test_a_train_profile_carries_its_recompute_and_both_flops_through_json() -> 
     assert "recompute" not in profile(Tiny(), inputs=(_x(),)).to_dict()  # a forward profile keeps its form
 
 
+class Fickle(nn.Module):
+    """Runs another product when checkpointing calls it again: the recompute repeats no forward op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.again = nn.Linear(D, D), nn.Linear(D, D, bias=False)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return (self.first if self.calls == 1 else self.again)(x)
+
+
+class FickleStep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block, self.fickle = nn.Linear(D, D, bias=False), Block(), Fickle()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.fickle, self.block(self.embed(x)), use_reentrant=True)
+
+
+def test_a_recompute_that_repeats_no_forward_op_is_warned() -> None:
+    p = profile(FickleStep(), inputs=(_x(),), mode="train")
+    assert p.recompute == {"other": N * D * D}
+    assert [w for w in p.warnings if "match no forward op" in w] == [
+        f"{N * D * D:,} MAC that activation checkpointing ran again in the backward (fickle.again) match no forward "
+        "op (none of that op and shapes ran in the forward, or it was recomputed twice): counted in recompute as "
+        "other (or the part roles= names)"]
+
+
 # transformers' LLaMA: hidden 64, 4 heads of 16 (2 kv heads), FFN 128, 2 layers, 16 tokens
 LD, LH, LKV, LI, LN = 64, 4, 2, 128, 16
 L_CORE = 2 * LH * LN * LN * (LD // LH)
