@@ -16,7 +16,7 @@ from torch import nn
 
 from . import families, one_run, pipeline, timing
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
-from .counting import Options, masks, unwrap
+from .counting import Options, masks, model_class, unwrap
 from .errors import ProfileError, TimingError
 from .formulas import ModelSpec
 from .inputs import LARGEST_TOKENS, TOO_LARGE, Built, Inputs, build
@@ -187,7 +187,7 @@ def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | N
         raise ProfileError(f"new_tokens= is the query length of a decode step: pass mode='decode' (mode is {mode!r})")
     options = Options(backend or "fvcore", mode, causal, bool(fallback), new_tokens or 0, m)
     target = _resolve_model(model)
-    model_name = name or type(target).__name__
+    model_name = name or model_class(target)
     spec_note = None
     spec_read = spec is None
     if spec is None:
@@ -229,7 +229,7 @@ def sweep(
         raise ProfileError("sweep() takes the lengths as ns=[...], not n=")
     target = _resolve_model(model)
     if profile_kwargs.get("name") is None:
-        profile_kwargs["name"] = type(target).__name__
+        profile_kwargs["name"] = model_class(target)
     swept = pipeline.sweep_in_one_run(target, lengths, profile_kwargs)
     if swept is not None:
         return Sweep(swept, one_run=True)
@@ -246,7 +246,7 @@ def decode_sweep(model: Any, ns: Any, new_tokens: int = 1, **profile_kwargs: Any
     if not lengths or len(lengths) < 2 or len(set(lengths)) != len(lengths):
         raise ProfileError(f"ns must hold two or more distinct cache lengths such as [1024, 4096], got {ns!r}")
     target = _resolve_model(model)
-    profile_kwargs.setdefault("name", type(target).__name__)
+    profile_kwargs.setdefault("name", model_class(target))
     profiles = [profile(target, n, mode="decode", new_tokens=new_tokens, **profile_kwargs) for n in sorted(lengths)]
     return DecodeSweep(tuple(profiles))
 

@@ -221,6 +221,7 @@ def test_a_graph_is_split_like_the_model_it_came_from(graphs: dict[str, object],
     p = profile(graphs[kind], inputs=(_x(),), backend=backend)
     assert _split(p) == FORWARD_SPLIT  # the head is other, not FFN
     assert p.layers == L and not p.warnings
+    assert p.name == ("UnflattenedModule" if kind == "unflatten" else "Tiny")  # an exported graph: its model's class
     assert p.by_module["blocks.1.attn"] == CORE + PROJ and p.by_module["head"] == HEAD
 
 

@@ -24,7 +24,7 @@ from ..families import prepare_twin
 from ..inputs import to_real
 from ..ops import RawCount, is_fused, is_product
 from .dispatch import at_lengths, count_forward_torch, module_totals
-from .graphs import run_in_scopes, shell_containers, unscoped
+from .graphs import model_class, run_in_scopes, shell_containers, unscoped
 from .jit import count_forward
 from .masks import buffer_masks
 from .repeats import full_trace
@@ -34,7 +34,7 @@ from ..errors import hidden
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward", "count_forward_torch",
-           "fresh_count", "full_trace", "meta_twin", "module_totals", "real_twin", "shell_containers", "unscoped",
+           "fresh_count", "full_trace", "meta_twin", "model_class", "module_totals", "real_twin", "shell_containers", "unscoped",
            "unwrap"]
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["NO_SCOPES", "graph_metadata", "run_in_scopes", "shell_containers", "unscoped"]
+__all__ = ["NO_SCOPES", "graph_metadata", "model_class", "run_in_scopes", "shell_containers", "unscoped"]
 
 NO_SCOPES = ("{name} is a torch.fx GraphModule whose nodes carry no nn_module_stack: its ops run in no module of "
              "the original model, so its layers cannot be told (counted as one layer, a head as an FFN); count the "
@@ -133,6 +133,17 @@ def _run(interpreter: torch.fx.Interpreter, nodes: Sequence[torch.fx.Node], path
             output = interpreter.env[node]
         i += 1
     return output
+
+
+def model_class(model: nn.Module) -> str:
+    """The class name of the model a graph was exported from (its nodes' outermost module), else *model*'s own."""
+    if isinstance(model, torch.fx.GraphModule):
+        for node in model.graph.nodes:
+            for entry in (node.meta.get("nn_module_stack") or {}).values():
+                if isinstance(entry, tuple) and len(entry) == 2 and entry[0] == "":
+                    kind = entry[1]
+                    return str(getattr(kind, "__name__", kind)).rsplit(".", 1)[-1]
+    return type(model).__name__
 
 
 def shell_containers(twin: nn.Module) -> list[str]:
