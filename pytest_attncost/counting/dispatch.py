@@ -143,7 +143,7 @@ class _TorchRecorder:
     map to that forward op.
     """
 
-    def __init__(self, model: nn.Module, masks: Mapping[str, Pattern]) -> None:
+    def __init__(self, model: nn.Module, masks: Mapping[str, Pattern], train: bool = False) -> None:
         from torch.utils.weak import WeakTensorKeyDictionary
 
         from torch._C._autograd import _get_sequence_nr
@@ -171,6 +171,7 @@ class _TorchRecorder:
         self.handles: list[Any] = []
         self.repeats: Repeats | None = None
         self.copies: list[tuple[Run, str, int, int]] = []  # (run, layer, first record, end) of each copy
+        self.train = train  # a backward follows: forward records are kept by key, for a recompute to find
         self.recompute: list[OpRecord] = []  # forward ops run again in the backward (activation checkpointing)
         self.forward_keys: dict[tuple[Any, ...], list[int]] = {}  # (op, shapes, output) -> forward records
         self.key_of: dict[int, tuple[Any, ...]] = {}
@@ -302,8 +303,9 @@ class _TorchRecorder:
         weights = sum(t.numel() for t in tensors[:3] if self.origin([t]) == "param")
         self.records.append(OpRecord(op, self.scope(), _macs(flops), origin, shapes, out_shape,
                                      sources=self._operand_sources(args), weights=weights))
-        self.key_of[index] = key = (op, shapes, out_shape)
-        self.forward_keys.setdefault(key, []).append(index)
+        if self.train:  # (one-run sizes, unhashable, are never swept in train mode)
+            self.key_of[index] = key = (op, shapes, out_shape)
+            self.forward_keys.setdefault(key, []).append(index)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             # autograd created this op's node just before dispatching it: the latest sequence number
             self.node_records.setdefault(self.sequence_nr() - 1, index)
@@ -496,7 +498,7 @@ def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                 repeats.undo()
         else:
             recorder.remove_hooks()
-    return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}))
+    return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}, train))
 
 
 @functools.cache
