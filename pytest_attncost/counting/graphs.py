@@ -57,11 +57,12 @@ def graph_metadata(model: nn.Module) -> dict[int, Any]:
 
 
 def unscoped(model: nn.Module) -> str | None:
-    """The warning for a GraphModule none of whose nodes carries a module path (see :data:`NO_SCOPES`)."""
+    """The warning for a GraphModule that holds modules but none of whose nodes carries a module path (see
+    :data:`NO_SCOPES`); a graph of a model without modules has no layers to tell."""
     if not isinstance(model, torch.fx.GraphModule):
         return None
     modules = dict(model.named_modules())
-    if any(_path(node, modules) for node in model.graph.nodes):
+    if not set(modules) - {"", "_guards_fn"} or any(_path(node, modules) for node in model.graph.nodes):
         return None
     return NO_SCOPES.format(name=type(model).__name__)
 
