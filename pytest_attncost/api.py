@@ -18,7 +18,7 @@ from torch import nn
 from . import families, one_run, pipeline, timing
 from . import memory as memory_mod
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
-from .counting import HOOKS_NOTE, Options, kept_torch_state, masks, unwrap, user_hooks
+from .counting import HOOKS_NOTE, Options, kept_torch_state, masks, model_class, unwrap, user_hooks
 from .errors import ProfileError, TimingError
 from .formulas import ModelSpec
 from .inputs import LARGEST_TOKENS, TOO_LARGE, Built, Inputs, build
@@ -48,8 +48,18 @@ def _positive(name: str, value: object, hint: str = "") -> int:
 _OLD_TORCH = one_run.TORCH_VERSION < (2, 9)
 
 
+def _exported(model: object) -> object:
+    """An ExportedProgram as the module it runs (``exported.module()``: its nodes keep the module paths, which
+    the count reads); anything else as it is."""
+    kind = type(model)
+    if kind.__module__.startswith("torch.export") and kind.__name__ == "ExportedProgram":
+        return model.module()  # type: ignore[attr-defined]
+    return model
+
+
 def _resolve_model(model: object) -> nn.Module:
     """The module to count: the model itself, or what a zero-argument factory builds on the meta device."""
+    model = _exported(model)
     if isinstance(model, nn.Module):
         return unwrap(model)
     if callable(model):
@@ -115,7 +125,7 @@ def profile(
     as it was (parameters, device, dtype, ``training`` flags, hooks).
 
     Args:
-        model: an ``nn.Module``, or a zero-argument factory (built on the meta device).
+        model: an ``nn.Module`` (an exported or fx graph too), or a zero-argument factory (built on the meta device).
         n: sequence length. Needed unless *inputs* are given, in which case it is
             the length the attention saw (ViT: patches + 1) and must agree if given.
         batch: batch size for default inputs (1).
@@ -130,7 +140,7 @@ def profile(
         name: the profile's name (default: the model's class name).
         backend: ``"fvcore"`` (default: jit trace) or ``"torch"`` (FlopCounterMode at the
             dispatcher, on fake tensors).
-        mode: ``"forward"``, ``"train"``: forward plus a real backward (torch backend), or
+        mode: ``"forward"``, ``"train"``: forward plus a real backward (torch backend; recompute apart), or
             ``"decode"``: one step of ``new_tokens`` query tokens against a KV cache holding ``n``
             tokens (a transformers decoder's own cache on the meta device; custom models take
             ``inputs=`` that build their cache for n). The profile's ``n`` is the cache's length.
@@ -212,7 +222,7 @@ def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | N
         raise ProfileError(f"new_tokens= is the query length of a decode step: pass mode='decode' (mode is {mode!r})")
     options = Options(backend or "fvcore", mode, causal, bool(fallback), new_tokens or 0, m)
     target = _resolve_model(model)
-    model_name = name or type(target).__name__
+    model_name = name or model_class(target)
     spec_note = None
     spec_read = spec is None
     if spec is None:
@@ -266,7 +276,7 @@ def sweep(
         raise ProfileError("sweep() takes the lengths as ns=[...], not n=")
     target = _resolve_model(model)
     if profile_kwargs.get("name") is None:
-        profile_kwargs["name"] = type(target).__name__
+        profile_kwargs["name"] = model_class(target)
     with kept_torch_state():
         swept = pipeline.sweep_in_one_run(target, lengths, profile_kwargs)
     if swept is not None:
@@ -284,7 +294,7 @@ def decode_sweep(model: Any, ns: Any, new_tokens: int = 1, **profile_kwargs: Any
     if not lengths or len(lengths) < 2 or len(set(lengths)) != len(lengths):
         raise ProfileError(f"ns must hold two or more distinct cache lengths such as [1024, 4096], got {ns!r}")
     target = _resolve_model(model)
-    profile_kwargs.setdefault("name", type(target).__name__)
+    profile_kwargs.setdefault("name", model_class(target))
     profiles = [profile(target, n, mode="decode", new_tokens=new_tokens, **profile_kwargs) for n in sorted(lengths)]
     return DecodeSweep(tuple(profiles))
 
@@ -341,6 +351,7 @@ def measure(
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TimingError(f"dtype= must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
     where = timing.device_of(device)
+    model = _exported(model)
     counted, built, target = _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
                                       backend=backend, mode="forward", causal="full", fallback=True, new_tokens=None)
     if built is None:  # the profile came from the cache: its inputs, built once here

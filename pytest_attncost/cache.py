@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import sys
 import types
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
@@ -288,10 +289,12 @@ def cache_keys(
         model_key = _Hashed(structure(target))
     except (Uncacheable, TypeError):  # TypeError: an unhashable leaf slipped through
         return [None] * len(ns)
+    # global switches that change what runs: MHA's fast path, and how far a checkpoint recomputes in train mode
+    early_stop = getattr(sys.modules.get("torch.utils.checkpoint"), "_enable_checkpoint_early_stop", None)
     keys: list[Hashable | None] = []
     for n in ns:
         key: Hashable | None = (model_key, n, batch, batch_given, inputs_key, roles_key, spec, name, options,
-                                torch.backends.mha.get_fastpath_enabled())
+                                torch.backends.mha.get_fastpath_enabled(), early_stop)
         try:
             hash(key)
         except TypeError:  # an unhashable leaf slipped through (a spec or option of an odd type)

@@ -33,7 +33,7 @@ MARKER_HELP = (
     "attncost(n=None, batch=1, **bounds): profile with the attncost fixture at length n "
     "(a list parametrizes the test, one item per length) and fail the test when a profile "
     "breaks a bound: attention_share_max, attention_share_min, quadratic_share_max, "
-    "total_max, attention_max, ffn_max (MACs, or strings such as '45 GMAC' / '90 GFLOP'), "
+    "total_max, attention_max, ffn_max, executed_max (MACs, or strings such as '45 GMAC' / '90 GFLOP'), "
     "formula_rtol, linear_saving_max, max_increase (percent over the --attncost-compare baseline), "
     "crossover_min, crossover_max, crossover_rtol (checked on attncost.sweep() results), "
     "crosscheck (count with fvcore and torch's FlopCounterMode, fail when they disagree), "
@@ -66,6 +66,7 @@ class Bounds:
     attention_share_min: float | None = None
     quadratic_share_max: float | None = None
     total_max: Fraction | None = None  # MACs
+    executed_max: Fraction | None = None  # MACs a train step executes: total and the recompute (hardware_flops / 2)
     attention_max: Fraction | None = None
     ffn_max: Fraction | None = None
     formula_rtol: float | None = None
@@ -112,7 +113,7 @@ class Bounds:
 
 
 _SHARES = ("attention_share_max", "attention_share_min", "quadratic_share_max", "linear_saving_max")
-_COUNTS = ("total_max", "attention_max", "ffn_max")
+_COUNTS = ("total_max", "attention_max", "ffn_max", "executed_max")
 KEYWORDS = frozenset({"n"} | {f.name for f in dataclasses.fields(Bounds)} - {"lengths"})
 
 
@@ -354,12 +355,15 @@ def _share_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
 def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> list[str]:
     problems: list[str] = []
     formula = profile.formula
-    for name, part in (("total_max", "total"), ("attention_max", "attention"), ("ffn_max", "ffn")):
+    for name, part in (("total_max", "total"), ("attention_max", "attention"), ("ffn_max", "ffn"),
+                       ("executed_max", "executed")):
         limit = getattr(bounds, name)
-        measured = getattr(profile, part)
+        measured = profile.hardware_flops // 2 if part == "executed" else getattr(profile, part)
         if limit is None or measured <= limit:
             continue
-        if formula is not None:
+        if part == "executed":
+            note = f"the recompute of activation checkpointing {format_count(sum(profile.recompute.values()), unit)}"
+        elif formula is not None:
             expected = formula.attention + formula.ffn if part == "total" else getattr(formula, part)
             label = "formula attention+ffn" if part == "total" else "formula"
             note = f"{label} {format_count(expected, unit)}"
@@ -486,14 +490,15 @@ def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, f
     return problems
 
 
-MFU_MESSAGE = ("MFU {mfu:.3f} < mfu_min {limit:g} beyond the noise at n={n} on {where}: {flops:.4g} FLOP (the exact "
-               "count, 2 FLOP per MAC, causal={causal!r}) in {seconds} (median of {repeats} forwards, spread "
-               "±{spread}) = {rate:.4g} FLOP/s against {peak}")
+MFU_MESSAGE = ("MFU {mfu:.3f} < mfu_min {limit:g} beyond the noise at n={n} on {where}: {flops:.4g} model FLOP (the "
+               "exact count of the forward, 2 FLOP per MAC, causal={causal!r}) in {seconds} (median of {repeats} "
+               "forwards, spread ±{spread}) = {rate:.4g} FLOP/s against {peak}")
 
 
 def check_mfu(timings: Sequence[Timing] | Timing, mfu_min: float | None, peak: str | float | None) -> list[str]:
     """MFU (model FLOPs utilization: the counted FLOPs of a forward over its measured time, over the peak) below
-    *mfu_min* beyond the noise: even at the median less the spread, the forward is slower than the bound allows."""
+    *mfu_min* beyond the noise. A forward re-runs nothing, so its model FLOPs (what PaLM's MFU counts) and hardware
+    FLOPs agree (see :attr:`Profile.model_flops`): even at the median less the spread, the forward is slower than the bound allows."""
     if mfu_min is None or peak is None:
         return []
     timings = [timings] if isinstance(timings, Timing) else timings

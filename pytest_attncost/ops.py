@@ -289,6 +289,9 @@ class RawCount:
     module_names: dict[str, str] = field(default_factory=dict)  # name -> class name
     copied_layers: tuple[str, ...] = ()  # repeated layers counted as copies of a traced one (counting.repeats)
     outputs: tuple[tuple[int, ...], ...] = ()  # per output of the model, the products whose results reach it
+    # train mode: the forward ops activation checkpointing ran again inside the backward, not in records or total;
+    # each one's backward_of is the index (in records) of the forward op it repeats, -1 where none was found
+    recompute: tuple[OpRecord, ...] = ()
 
     @property
     def opaque(self) -> list[str]:

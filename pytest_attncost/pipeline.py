@@ -32,7 +32,7 @@ from .counting import Counted, Options
 from .errors import ProfileError, named
 from .formulas import ModelSpec
 from .ops import RawCount, ancestors
-from .result import COMPONENTS, Profile, versions
+from .result import COMPONENTS, PARTS, Profile, versions
 from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
@@ -84,6 +84,12 @@ CACHE_BYTES_WARNING = ("kv_cache_bytes is 0: the step attended to n={n} cached t
 NOT_A_DECODER = ("{name} is not a decoder: its attention is bidirectional (is_causal=False, config.is_decoder is "
                  "False), so a step against a KV cache describes no generation; decode steps are for decoders (GPT-2, "
                  "LLaMA, ...), or an encoder built with is_decoder=True")
+RECOMPUTE_NOTE = ("activation checkpointing ran {macs:,} MAC of the forward again in the backward ({parts}): kept "
+                  "apart in Profile.recompute, out of the parts; hardware_flops include them, model_flops (3 x the "
+                  "forward's {forward:,} MAC, as PaLM's MFU counts) do not")
+UNMATCHED_RECOMPUTE_WARNING = ("{macs:,} MAC that activation checkpointing ran again in the backward ({scopes}) "
+                               "match no forward op (none of that op and shapes ran in the forward, or it was "
+                               "recomputed twice): counted in recompute as other (or the part roles= names)")
 
 
 def _says_causal(setup: Setup, name: str) -> bool | None:
@@ -141,7 +147,7 @@ class Setup:
             causal_modules=frozenset(name for name, said in declared.items() if said) if causal else None,
             bidirectional=frozenset(name for name, said in declared.items() if not said) if causal else frozenset(),
             containers=[name for name, module in twin.named_modules()
-                        if isinstance(module, (nn.ModuleList, nn.Sequential))],
+                        if isinstance(module, (nn.ModuleList, nn.Sequential))] + counting.shell_containers(twin),
             experts=families.experts_of(twin),
         )
 
@@ -182,6 +188,8 @@ class Placement:
     spec: ModelSpec | None
     notes: tuple[str, ...]
     spec_read: bool  # read from the config (a given spec= is kept as it is)
+    recompute: Mapping[str, int] = dataclasses.field(default_factory=dict)  # train mode: see Profile.recompute
+    forward_macs: int | None = None  # train mode: the forward alone
 
 
 def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_read: bool) -> Placement:
@@ -224,7 +232,30 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
     notes += parts_mod.split_notes(parts, structure)
     if not parts.halved:
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
-    return Placement(assigned, structure, parts, spec, tuple(notes), spec_read)
+    train = _train_split(setup, raw, assigned, structure, parts) if setup.options.mode == "train" else ({}, None)
+    return Placement(assigned, structure, parts, spec, tuple(notes), spec_read, *train)
+
+
+def _train_split(setup: Setup, raw: RawCount, assigned: Mapping[str, str], structure: roles_mod.Structure | None,
+                 parts: parts_mod.Split) -> tuple[dict[str, int], int]:
+    """A train count's recompute by part (each op placed with the forward op it repeats, as a gradient is)
+    and its forward alone: the records before the first backward op."""
+    records = list(raw.records)
+    forward = next((i for i, r in enumerate(records) if r.backward_of is not None), len(records))
+
+    def split(chosen: list[Any], placed: tuple[str, ...]) -> parts_mod.Split:
+        shaped = None if structure is None else dataclasses.replace(structure, parts=placed)
+        return parts_mod.split(chosen, assigned, setup.causal_modules, shaped, setup.bidirectional, setup.local)
+
+    placed = structure.parts if structure is not None else ()
+    alone = split(records[:forward], placed[:forward])
+    recompute: dict[str, int] = {}
+    if raw.recompute:
+        repeated = tuple(placed[r.backward_of] if r.backward_of >= 0 else "other" for r in raw.recompute)
+        both = split([*records, *raw.recompute], (*placed, *repeated) if structure is not None else ())
+        recompute = {part: getattr(both, part) - getattr(parts, part) for part in PARTS
+                     if getattr(both, part) != getattr(parts, part)}
+    return recompute, sum(getattr(alone, part) for part in PARTS)
 
 
 def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs.Built, n: int | None, batch: int,
@@ -236,6 +267,9 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
     if counted.real:
         notes.append(REAL_NOTE)
     notes += counted.notes  # how FlexAttention was counted
+    if placement.recompute:
+        notes.append(RECOMPUTE_NOTE.format(macs=sum(placement.recompute.values()), parts=", ".join(
+            f"{part} {macs:,}" for part, macs in placement.recompute.items()), forward=placement.forward_macs))
     if decoding:
         n, batch = inputs.decode_lengths(target, built, n, batch, batch_given, spec, parts, options.new_tokens)
     else:
@@ -261,12 +295,19 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         dtype=str(dtype).removeprefix("torch."),
         moved={part: (weights * dtype.itemsize, activations * dtype.itemsize)
                for part, (weights, activations) in sorted(parts.moved.items())},
+        recompute=dict(placement.recompute), forward_macs=placement.forward_macs,
     )
     warnings = parts_mod.structure_warnings(parts, structure, raw.records, spec, setup.model_name)
     warnings += _formula_warnings(result)
     if counted.unchecked:
         warnings.append(counted.unchecked)
     warnings += [warning for scope, warning in counted.unread if scope in parts.unknown_masks]
+    if (flat := counting.unscoped(target)) is not None:
+        warnings.append(flat)
+    unmatched = [r for r in raw.recompute if r.backward_of is not None and r.backward_of < 0]
+    if unmatched:
+        scopes = ", ".join(dict.fromkeys(r.scope or "the model" for r in unmatched))
+        warnings.append(UNMATCHED_RECOMPUTE_WARNING.format(macs=sum(r.macs for r in unmatched), scopes=scopes))
     if result.kv_cache_bytes == 0:
         warnings.append(CACHE_BYTES_WARNING.format(n=n))
     if parts.halved and not decoding and not setup.local:  # local attention keeps fewer pairs than n(n+1)/2

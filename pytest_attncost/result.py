@@ -81,6 +81,10 @@ class Profile:
         outside: MACs of attention that runs outside the repeated layers (Perceiver IO's cross-attention,
             attention-pooling heads), by part: counted in the parts, left out of the comparison with the
             formula, which describes the layers (:meth:`in_layers`).
+        recompute: in train mode, by part, the MACs of forward ops activation checkpointing ran again inside
+            the backward, each in the part of the forward op it repeats; not in the parts or :attr:`total`
+            (a checkpointed step splits like the same step without it): :attr:`hardware_flops` adds them.
+        forward_macs: in train mode, the forward pass's MACs alone (:attr:`model_flops` is 3x it); None otherwise.
     """
 
     name: str
@@ -110,6 +114,8 @@ class Profile:
     dtype: str = "float32"
     moved: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     memory: Memory | None = None
+    recompute: Mapping[str, int] = field(default_factory=dict)
+    forward_macs: int | None = None
     # module -> (class, parameters, role): for table(); not part of the dict (it can be large)
     modules: Mapping[str, tuple[str, int, str]] = field(default_factory=dict, repr=False, compare=False)
     # module -> "attention" / "ffn": the role map the split used (measure() places time with it), and
@@ -149,6 +155,17 @@ class Profile:
     @property
     def total(self) -> int:
         return self.attention + self.ffn + self.other
+
+    @property
+    def hardware_flops(self) -> int:
+        """What the step executes: 2 FLOP per MAC of :attr:`total` and of the :attr:`recompute`."""
+        return 2 * (self.total + sum(self.recompute.values()))
+
+    @property
+    def model_flops(self) -> int:
+        """What the model needs, as MFU counts it: in train mode 3x the forward (PaLM's: no recompute, the
+        backward as twice the forward), else 2 FLOP per MAC of :attr:`total`."""
+        return 6 * self.forward_macs if self.forward_macs is not None else 2 * self.total
 
     @property
     def attention_share(self) -> float:
@@ -330,6 +347,9 @@ class Profile:
         if self.mode == "decode":  # present only in decode profiles: prefill rows and baselines keep their form
             data["new_tokens"] = self.new_tokens
             data["kv_cache_bytes"] = self.kv_cache_bytes
+        if self.mode == "train":  # present only in train profiles
+            data.update(recompute=dict(sorted(self.recompute.items())), forward_macs=self.forward_macs,
+                        model_flops=self.model_flops, hardware_flops=self.hardware_flops)
         if self.outside:  # present only where attention ran outside the layers
             data["outside"] = dict(sorted(self.outside.items()))
         if self.moved:  # bytes: present where the count recorded them

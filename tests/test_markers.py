@@ -32,7 +32,7 @@ from test_timing import shares
 # --- parse_marker_kwargs: every keyword, every wrong value a user will try -----------------------------
 
 SHARES = ["attention_share_max", "attention_share_min", "quadratic_share_max", "linear_saving_max"]
-COUNTS = ["total_max", "attention_max", "ffn_max"]
+COUNTS = ["total_max", "attention_max", "ffn_max", "executed_max"]
 TOLERANCES = ["formula_rtol", "crossover_rtol", "max_increase"]
 LENGTHS = ["n", "batch", "m"]
 TOKENS = ["crossover_min", "crossover_max"]

@@ -26,6 +26,7 @@ from ..inputs import to_real
 from ..ops import RawCount, is_fused, is_product
 from . import flex
 from .dispatch import at_lengths, count_forward_torch, module_totals
+from .graphs import model_class, run_in_scopes, shell_containers, unscoped
 from .jit import count_forward
 from .masks import buffer_masks
 from .repeats import full_trace
@@ -34,8 +35,9 @@ from ..errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["HOOKS_NOTE", "kept_torch_state", "user_hooks", "Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward", "count_forward_torch",
-           "fresh_count", "full_trace", "meta_twin", "module_totals", "real_twin", "unwrap"]
+__all__ = ["HOOKS_NOTE", "Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward",
+           "count_forward_torch", "fresh_count", "full_trace", "kept_torch_state", "meta_twin", "model_class",
+           "module_totals", "real_twin", "shell_containers", "unscoped", "unwrap", "user_hooks"]
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ def _fallback(target: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[
                              f"were not tried: {why}.{fix}") from first.__cause__ or first  # the user's error, if any
         real_args = real_args if real_args is not None else (to_real(args), to_real(kwargs))
         twin = real_twin(target)
+        run_in_scopes(twin)
         prepare_twin(twin)
         try:
             return count_forward_torch(twin, real_args[0], real_args[1], fake=False, buffer_masks=masks), True

@@ -2,9 +2,11 @@
 arithmetic), with a recorder that gives every op the scope, origin and mask label fvcore's records have.
 
 Backward products (``mode="train"``) take the scope, origin and mask of the forward op they
-differentiate; products torch has no formula for are listed as unsupported. A count for several
-lengths at once (:mod:`~pytest_attncost.one_run`) runs here too: sizes are then one-run SymInts and
-:func:`at_lengths` splits the records per length.
+differentiate; forward ops that activation checkpointing runs again inside the backward are kept apart
+(:attr:`~pytest_attncost.ops.RawCount.recompute`), each matched to the forward op it repeats; products
+torch has no formula for are listed as unsupported. A count for several lengths at once
+(:mod:`~pytest_attncost.one_run`) runs here too: sizes are then one-run SymInts and :func:`at_lengths`
+splits the records per length.
 """
 
 from __future__ import annotations
@@ -134,9 +136,15 @@ class _TorchRecorder:
     the gradients of QK^T and AV are products of activations, under the same mask). Nodes
     without a counted forward op take the innermost module whose call created them, found by
     autograd sequence numbers. Nothing depends on set order or hash seeds.
+
+    Activation checkpointing re-runs forward ops inside the backward (under the node that unpacks a saved
+    tensor, or ``CheckpointFunctionBackward``), with grad enabled, which a backward op has only in a double
+    backward (see :func:`_recomputing`). Such an op is the forward op it repeats (:meth:`_replayed`): it is
+    kept apart, with that op's record, and the nodes it creates (the reentrant kind's backward runs on them)
+    map to that forward op.
     """
 
-    def __init__(self, model: nn.Module, masks: Mapping[str, Pattern]) -> None:
+    def __init__(self, model: nn.Module, masks: Mapping[str, Pattern], train: bool = False) -> None:
         from torch.utils.weak import WeakTensorKeyDictionary
 
         from torch._C._autograd import _get_sequence_nr
@@ -164,12 +172,21 @@ class _TorchRecorder:
         self.handles: list[Any] = []
         self.repeats: Repeats | None = None
         self.copies: list[tuple[Run, str, int, int]] = []  # (run, layer, first record, end) of each copy
+        self.train = train  # a backward follows: forward records are kept by key, for a recompute to find
+        self.recompute: list[OpRecord] = []  # forward ops run again in the backward (activation checkpointing)
+        self.forward_keys: dict[tuple[Any, ...], list[int]] = {}  # (op, shapes, output) -> forward records
+        self.key_of: dict[int, tuple[Any, ...]] = {}
+        self.replayed: set[int] = set()  # forward records a recompute has repeated
+        self.replay_next: int | None = None  # the forward record a recompute in progress repeats next
+        self.replay_base: int | None = None  # the depth of the module stack when a recompute entered a module
         for name, module in model.named_modules():
             self.handles.append(module.register_forward_pre_hook(self._enter(name)))
             self.handles.append(module.register_forward_hook(self._leave, always_call=True))
 
     def _enter(self, name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any) -> None:
+            if self.replay_base is None and torch._C._current_autograd_node() is not None:
+                self.replay_base = len(self.stack)  # a recompute calls the module again, inside the backward
             start = self.sequence_nr()
             self.calls.append([start, None, name, self.stack[-1] if self.stack else -1])
             self.starts.append(start)
@@ -269,7 +286,11 @@ class _TorchRecorder:
         out_shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ()
         shapes = tuple(tuple(t.shape) for t in tensors[:3])
         index = len(self.records)
+        if node is not None and torch.is_grad_enabled() and _recomputing(node):
+            self._recomputed(op, _macs(flops), shapes, out_shape, tensors, node)
+            return
         if node is not None:  # backward: the forward op that created this node decides
+            self._end_replay()
             source = self.node_records.get(node._sequence_nr())
             if source is not None:
                 scope, origin = self.records[source].scope, self.records[source].origin
@@ -283,6 +304,9 @@ class _TorchRecorder:
         weights = sum(t.numel() for t in tensors[:3] if self.origin([t]) == "param")
         self.records.append(OpRecord(op, self.scope(), _macs(flops), origin, shapes, out_shape,
                                      sources=self._operand_sources(args), weights=weights))
+        if self.train:  # (one-run sizes, unhashable, are never swept in train mode)
+            self.key_of[index] = key = (op, shapes, out_shape)
+            self.forward_keys.setdefault(key, []).append(index)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             # autograd created this op's node just before dispatching it: the latest sequence number
             self.node_records.setdefault(self.sequence_nr() - 1, index)
@@ -301,6 +325,44 @@ class _TorchRecorder:
             elif isinstance(first, torch.Tensor):
                 self.flows[first] = ((index,), ())
         self._track(op, out, args, kwargs, frozenset((index,)))
+
+    def _recomputed(self, op: str, macs: Any, shapes: tuple[tuple[int, ...], ...], out_shape: tuple[int, ...],
+                    tensors: list[torch.Tensor], node: Any) -> None:
+        """Keep a recomputed op apart, as the forward op it repeats (its scope, origin, mask and part)."""
+        inside = self.replay_base is not None and len(self.stack) > self.replay_base
+        source = self._replayed((op, shapes, out_shape), self.scope() if inside else None)
+        if source is None:  # no forward op like it: where the recompute runs
+            scope = self.scope() if inside else self.scope_of_node(node._sequence_nr())
+            self.recompute.append(OpRecord(op, scope, macs, self.origin(tensors), shapes, out_shape, backward_of=-1))
+            return
+        self.recompute.append(dataclasses.replace(self.records[source], macs=macs, sources=(), backward_of=source))
+        if any(t.requires_grad for t in tensors):  # the reentrant kind's backward runs on the recompute's nodes
+            self.node_records.setdefault(self.sequence_nr() - 1, source)
+
+    def _replayed(self, key: tuple[Any, ...], scope: str | None) -> int | None:
+        """The forward record a recomputed op repeats: the next one of the recompute in progress, else the
+        latest alike not yet repeated (the backward recomputes the last checkpointed segment first), in the
+        module the recompute is calling when it calls one."""
+        def fits(index: int) -> bool:
+            return index not in self.replayed and (scope is None or self.records[index].scope == scope)
+
+        found = self.replay_next
+        if found is None or self.key_of.get(found) != key or not fits(found):
+            found = next((i for i in reversed(self.forward_keys.get(key, ())) if fits(i)), None)
+        if found is not None:
+            self.replayed.add(found)
+            self.replay_next = found + 1
+        return found
+
+    def _end_replay(self) -> None:
+        """The backward proper goes on: calls a recompute left open (an early stop raises out of them, and
+        their forward hooks do not run) are closed."""
+        self.replay_next = None
+        if self.replay_base is not None:
+            for call in self.stack[self.replay_base:]:
+                self.calls[call][1] = self.sequence_nr()
+            del self.stack[self.replay_base:]
+            self.replay_base = None
 
     def _operand_sources(self, args: tuple[Any, ...]) -> tuple[tuple[int, ...], ...]:
         """Per tensor argument, the products whose results reach it."""
@@ -354,7 +416,22 @@ class _TorchRecorder:
             records[index] = dataclasses.replace(records[index], mask=combine(labels))
         for index, source in self.backward_of.items():
             records[index] = dataclasses.replace(records[index], mask=records[source].mask, keeps=records[source].keeps)
+        self.recompute = [dataclasses.replace(r, mask=records[r.backward_of].mask, keeps=records[r.backward_of].keeps)
+                          if r.backward_of >= 0 else r for r in self.recompute]
         return records
+
+
+def _recomputing(node: Any) -> bool:
+    """Whether an op dispatched under autograd *node* with grad enabled is a forward op that activation checkpointing
+    runs again: under ``CheckpointFunctionBackward`` (the reentrant kind), or with the non-reentrant kind's
+    recomputation hooks on top (a double backward with ``create_graph=True`` is neither)."""
+    if type(node).__name__ == "CheckpointFunctionBackward":
+        return True
+    try:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except (AttributeError, TypeError):  # a torch without it: grad enabled under a node is taken as recompute
+        return True
+    return bool(hooks) and getattr(hooks[0], "__qualname__", "").startswith("_recomputation_hook")
 
 
 def _macs(flops: Any) -> Any:
@@ -422,7 +499,7 @@ def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                 repeats.undo()
         else:
             recorder.remove_hooks()
-    return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}))
+    return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}, train))
 
 
 @functools.cache
@@ -562,7 +639,7 @@ def _raw(model: nn.Module, recorder: _TorchRecorder, output: Any) -> RawCount:
                         module_names=classes, copied_layers=copied, outputs=outputs)
     return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=recorder.unsupported,
                     by_module=module_totals(records, list(classes)), module_names=classes, copied_layers=copied,
-                    outputs=outputs)
+                    outputs=outputs, recompute=tuple(recorder.recompute))
 
 
 def module_totals(records: list[OpRecord], names: list[str],

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import CountError
 from ..families import patchify_conv
+from .graphs import graph_metadata, run_in_scopes
 from ..errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
@@ -94,7 +95,7 @@ def meta_twin(model: nn.Module) -> nn.Module:
     hooks must neither fire during counting nor be copied into the count).
     """
     refuse_scripted(model)
-    memo: dict[int, Any] = {}
+    memo: dict[int, Any] = graph_metadata(model)
     for module in model.modules():
         stand_in = _quantized_stand_in(module)
         if stand_in is not None:
@@ -119,6 +120,7 @@ def meta_twin(model: nn.Module) -> nn.Module:
     drop_hooks(clone)
     for module in clone.modules():
         patchify_conv(module)
+    run_in_scopes(clone)  # a GraphModule runs in its original modules' scopes (see .graphs)
     return clone
 
 
@@ -194,7 +196,7 @@ def drop_hooks(clone: nn.Module) -> None:
 
 def real_twin(model: nn.Module) -> nn.Module:
     """A full copy, weights included, without hooks: for the real-tensor fallback at small n."""
-    clone = copy.deepcopy(model)
+    clone = copy.deepcopy(model, graph_metadata(model))
     drop_hooks(clone)
     return clone
 
