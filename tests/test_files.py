@@ -315,8 +315,8 @@ def test_two_sessions_writing_one_report(project):
     assert not [p for p in project.path.iterdir() if p.name.endswith(".tmp")]
 
 
-# xdist: the report is written once, from the controller: see test_outcomes'
-# test_worker_crash_under_xdist_keeps_finished_tests (one -n 2 session checks both).
+# xdist: the report is written once, from the controller: see test_plugin's
+# test_xdist_writes_what_a_serial_run_writes_and_keeps_a_crashed_workers_finished_tests (one -n 2 session checks all).
 
 
 # --- one writer, one reader: planted links, private temporaries, locks beside the file, special files -------
