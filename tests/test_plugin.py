@@ -355,9 +355,9 @@ def test_profile_error_fails_the_test_clearly(project):
 
 
 # One xdist session for what xdist must keep: a report, a JSON and a Markdown file as a serial run writes them, a
-# baseline's verdicts, and a crashed worker's finished tests (merged from test_plugin's test_xdist_matches_serial,
-# test_baseline's test_xdist_gives_the_same_verdicts and test_outcomes' test_worker_crash_under_xdist_keeps_finished_tests:
-# each -n 2 session costs its two workers' imports). torch's own encoder everywhere (bert_like's shape, so n=512
+# baseline's verdicts, a crashed worker's finished tests, and what each process imports (merged from test_plugin's
+# test_xdist_matches_serial, test_baseline's test_xdist_gives_the_same_verdicts and test_outcomes'
+# test_worker_crash_under_xdist_keeps_finished_tests: each -n 2 session costs its two workers' imports). torch's own encoder everywhere (bert_like's shape, so n=512
 # breaks the bound): the workers need not import transformers.
 XDIST_FILES = {
     "test_report": REPORT_SUITE.replace("attncost.profile(bert_like)", "attncost.profile(torch_encoder)"),
@@ -376,6 +376,16 @@ def test_bert(attncost):
 @pytest.mark.attncost(n=64)
 def test_encoder(attncost):
     attncost.profile(torch_encoder)
+""",
+    # what each process of the session imported by its end: written by the controller and by each worker
+    "conftest": """
+import sys
+
+def pytest_unconfigure(config):
+    name = config.workerinput["workerid"] if hasattr(config, "workerinput") else "controller"
+    if name != "controller" or config.getoption("dist", "no") != "no":
+        loaded = [module for module in ("torch", "transformers", "fvcore") if module in sys.modules]
+        (config.rootpath / f"imports-{name}.txt").write_text(" ".join(loaded))
 """,
     # a worker that dies (a serial run in this process fails the test instead): the tests around it are kept
     "test_worker": """
@@ -430,6 +440,12 @@ def test_xdist_writes_what_a_serial_run_writes_and_keeps_a_crashed_workers_finis
     assert not [p for p in project.path.iterdir() if p.name.endswith(".tmp")]
     # xdist's own words, in either order its versions use
     assert any("crashed" in line and "test_stop" in line for line in parallel.stdout.lines), parallel.stdout.str()
+    # workers that start warm: the controller, which writes every report, imports no torch; the workers import
+    # torch for their profiles and never transformers, which no test here uses
+    imports = {path.stem.removeprefix("imports-"): path.read_text().split()
+               for path in project.path.glob("imports-*.txt")}
+    assert imports.pop("controller") == []
+    assert len(imports) >= 2 and all("torch" in loaded and "transformers" not in loaded for loaded in imports.values())
 
 
 def test_warnings_as_errors(project):
