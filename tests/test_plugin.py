@@ -357,8 +357,8 @@ def test_profile_error_fails_the_test_clearly(project):
 # One xdist session for what xdist must keep: a report, a JSON and a Markdown file as a serial run writes them, a
 # baseline's verdicts, a crashed worker's finished tests, and what each process imports (merged from test_plugin's
 # test_xdist_matches_serial, test_baseline's test_xdist_gives_the_same_verdicts and test_outcomes'
-# test_worker_crash_under_xdist_keeps_finished_tests: each -n 2 session costs its two workers' imports). torch's own encoder everywhere (bert_like's shape, so n=512
-# breaks the bound): the workers need not import transformers.
+# test_worker_crash_under_xdist_keeps_finished_tests: each -n 2 session costs its two workers' imports). torch's
+# own encoder everywhere (bert_like's shape, so n=512 breaks the bound): the workers need not import transformers.
 XDIST_FILES = {
     "test_report": REPORT_SUITE.replace("attncost.profile(bert_like)", "attncost.profile(torch_encoder)"),
     # a baseline saved at two layers, compared at three (BERT_LAYERS): test_bert grows by half
