@@ -192,15 +192,17 @@ class Placement:
     forward_macs: int | None = None  # train mode: the forward alone
 
 
-def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_read: bool) -> Placement:
-    """The split of *raw* by the user's roles= or the structure, and the spec as the structure corrects it."""
+def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_read: bool,
+          found: roles_mod.Structure | None = None) -> Placement:
+    """The split of *raw* by the user's roles= or the structure (*found*: already found for these records),
+    and the spec as the structure corrects it."""
     spec, twin, notes = setup.spec, setup.twin, list(setup.notes)
     decoding = setup.options.mode == "decode"
     structure = None
     if roles is not None:
         assigned = parts_mod.explicit_roles(roles, raw.module_names)
     else:
-        structure = roles_mod.find_structure(raw.records, setup.containers, setup.experts, raw.outputs)
+        structure = found or roles_mod.find_structure(raw.records, setup.containers, setup.experts, raw.outputs)
         assigned = structure.roles()
     if raw.total == 0:
         raise ProfileError(NOTHING_RAN)
@@ -383,6 +385,32 @@ def _one_run_takes(kwargs: Mapping[str, Any], lengths: list[int]) -> bool:
     return type(batch) is int and batch >= 1 and max(lengths) * batch <= inputs.LARGEST_TOKENS and len(lengths) >= 2
 
 
+def _unit_sizes(raw: RawCount) -> tuple[bool, ...]:
+    """Which sizes of the records' operands and results are 1: all the structure reads of a size.
+
+    The k counts of one run have the same records but for their sizes and MACs (counting.at_lengths); the
+    structure (roles.find_structure) reads the sizes' number and whether one is 1 (a product of vectors
+    makes a table), the MACs only in its warnings' text.
+    """
+    return tuple(size == 1 for record in raw.records for shape in (*record.shapes, record.out_shape)
+                 for size in shape)
+
+
+def _structures(setup: Setup, raws: list[RawCount]) -> list[roles_mod.Structure]:
+    """The structure of each of one run's counts: found once for all lengths whose sizes it reads alike,
+    and again at each length where it has warnings (they name MACs)."""
+    found: dict[tuple[bool, ...], roles_mod.Structure] = {}
+    structures = []
+    for raw in raws:
+        key = _unit_sizes(raw)
+        structure = found.get(key)
+        if structure is None or structure.warnings:
+            structure = found[key] = roles_mod.find_structure(raw.records, setup.containers, setup.experts,
+                                                              raw.outputs)
+        structures.append(structure)
+    return structures
+
+
 def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> list[Profile] | None:
     """The torch backend's sweep: every length counted in one run (see one_run.py); None where that cannot be.
 
@@ -432,8 +460,10 @@ def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, An
                 if (alone.total, alone.records, alone.by_module, alone.unsupported_ops) != (
                         first.total, first.records, first.by_module, first.unsupported_ops):
                     return None
-            profiles = [assemble(setup, Counted(raw_n, "torch"), place(setup, raw_n, roles, spec_read), inputs_at(n), n,
-                                 batch, batch_given) for n, raw_n in zip(lengths, raws)]
+            structures = _structures(setup, raws) if roles is None else [None] * len(raws)
+            profiles = [assemble(setup, Counted(raw_n, "torch"), place(setup, raw_n, roles, spec_read, found),
+                                 inputs_at(n), n, batch, batch_given)
+                        for n, raw_n, found in zip(lengths, raws, structures)]
     except (Exception, one_run.Diverged):  # noqa: BLE001 - the lengths one at a time say what is wrong, if anything
         return None
     for key, result in zip(keys, profiles):

@@ -101,6 +101,26 @@ def test_a_torch_sweep_is_one_run_and_every_profile_is_the_one_at_its_length(bui
         assert (swept.crossover(), swept.quadratic_crossover()) == (Fraction(576), Fraction(960))
 
 
+class Unprojected(nn.Module):
+    """Attention of the input with itself, no projection: the structure warns, naming the core's MACs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ffn = nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.ffn((x @ x.transpose(-1, -2)).softmax(-1) @ x)
+
+
+def test_a_structure_found_once_for_every_length_still_warns_with_each_lengths_macs():
+    swept = sweep(Unprojected(), [16, 40], backend="torch", inputs=lambda n, batch: torch.zeros(batch, n, D))
+    assert swept.one_run == one_run.POSSIBLE
+    for p, n in zip(swept, [16, 40]):
+        assert p.attention_core == 2 * n * n * D  # QK^T and AV, D wide
+        assert p.warnings == (f"the model: its attention core ({2 * n * n * D:,} MAC) is reached by no parameter "
+                              "product: its Q, K and V projections were not found; pass roles= to name them",)
+
+
 class Encoder(nn.TransformerEncoder):
     """Two of torch's encoder layers: the base of the models below, whose forward code is their own."""
 

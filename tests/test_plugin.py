@@ -354,30 +354,98 @@ def test_profile_error_fails_the_test_clearly(project):
     result.stdout.fnmatch_lines(["*ProfileError: cannot guess the inputs of HandWritten; pass inputs= as a tuple*"])
 
 
-def test_xdist_matches_serial(project):
+# One xdist session for what xdist must keep: a report, a JSON and a Markdown file as a serial run writes them, a
+# baseline's verdicts, a crashed worker's finished tests, and what each process imports (merged from test_plugin's
+# test_xdist_matches_serial, test_baseline's test_xdist_gives_the_same_verdicts and test_outcomes'
+# test_worker_crash_under_xdist_keeps_finished_tests: each -n 2 session costs its two workers' imports). torch's
+# own encoder everywhere (bert_like's shape, so n=512 breaks the bound): the workers need not import transformers.
+XDIST_FILES = {
+    "test_report": REPORT_SUITE.replace("attncost.profile(bert_like)", "attncost.profile(torch_encoder)"),
+    # a baseline saved at two layers, compared at three (BERT_LAYERS): test_bert grows by half
+    "test_verdicts": """
+import os
+import pytest
+from tiny_models import torch_encoder
+
+LAYERS = int(os.environ.get("BERT_LAYERS", "2"))
+
+@pytest.mark.attncost(n=128)
+def test_bert(attncost):
+    attncost.profile(lambda: torch_encoder(layers=LAYERS))
+
+@pytest.mark.attncost(n=64)
+def test_encoder(attncost):
+    attncost.profile(torch_encoder)
+""",
+    # what each process of the session imported by its end: written by the controller and by each worker
+    "conftest": """
+import sys
+
+def pytest_unconfigure(config):
+    name = config.workerinput["workerid"] if hasattr(config, "workerinput") else "controller"
+    if name != "controller" or config.getoption("dist", "no") != "no":
+        loaded = [module for module in ("torch", "transformers", "fvcore") if module in sys.modules]
+        (config.rootpath / f"imports-{name}.txt").write_text(" ".join(loaded))
+""",
+    # a worker that dies (a serial run in this process fails the test instead): the tests around it are kept
+    "test_worker": """
+import os
+import pytest
+from tiny_models import torch_encoder
+
+def test_a(attncost):
+    attncost.profile(torch_encoder, 16)
+
+def test_b(attncost):
+    attncost.profile(torch_encoder, 32)
+
+def test_stop(attncost):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os._exit(3)
+    raise AssertionError("stopped")
+
+def test_z_after(attncost):
+    attncost.profile(torch_encoder, 64)
+""",
+}
+
+
+def test_xdist_writes_what_a_serial_run_writes_and_keeps_a_crashed_workers_finished_tests(project, monkeypatch):
     pytest.importorskip("xdist")
-    # torch's own encoder (the shape of bert_like, so n=512 breaks the bound): xdist's workers need not
-    # import transformers, seconds each on two cores
-    project.makepyfile(test_suite=REPORT_SUITE.replace("attncost.profile(bert_like)", "attncost.profile(torch_encoder)"))
-    serial = project.runpytest("--attncost-json=serial.json", "--attncost-markdown=serial.md", "--attncost-report")
-    parallel = project.runpytest_subprocess(
-        "-n", "2", "--attncost-json=parallel.json", "--attncost-markdown=parallel.md", "--attncost-report")
+    project.makepyfile(**XDIST_FILES)
+    project.runpytest("--attncost-save=base.json", "test_verdicts.py").assert_outcomes(passed=2)
+    monkeypatch.setenv("BERT_LAYERS", "3")
+    options = ["--attncost-compare=base.json", "--attncost-report"]
+    serial = project.runpytest(*options, "--attncost-json=serial.json", "--attncost-markdown=serial.md")
+    parallel = project.runpytest_subprocess("-n", "2", *options, "--attncost-json=parallel.json",
+                                            "--attncost-markdown=parallel.md")
     assert serial.ret == parallel.ret == pytest.ExitCode.TESTS_FAILED
-    serial.assert_outcomes(passed=3, failed=1)
-    parallel.assert_outcomes(passed=3, failed=1)
-
-    def strip(rows):
-        return [{k: v for k, v in r.items()} for r in rows]
-
-    assert strip(_profiles(project.path / "serial.json")) == strip(_profiles(project.path / "parallel.json"))
+    # test_report: test_bert[n=512] breaks its bound; test_verdicts: test_bert grew; test_worker: test_stop stopped
+    serial.assert_outcomes(passed=7, failed=3)
+    parallel.assert_outcomes(passed=7, failed=3)
+    assert _profiles(project.path / "serial.json") == _profiles(project.path / "parallel.json")
     assert (project.path / "serial.md").read_text() == (project.path / "parallel.md").read_text()
 
     def table(result):
         lines = result.stdout.lines
         start = next(i for i, line in enumerate(lines) if "attncost report" in line)
-        return [line for line in lines[start + 1:] if line.startswith("test_suite.py")]
+        return [line for line in lines[start + 1:] if line.startswith("test_")]
 
-    assert table(serial) == table(parallel) and len(table(serial)) == 3
+    assert table(serial) == table(parallel) and len(table(serial)) == 8
+    parallel.stdout.fnmatch_lines(["*attention_core 8,388,608 → 12,582,912 MAC (+50.0%)*"])
+    # written once, from the controller (workers write nothing), in test-id order, whole
+    rows = [(r["test_id"].split("::")[1], r["n"]) for r in _profiles(project.path / "parallel.json")
+            if r["test_id"].startswith("test_worker.py")]
+    assert rows == [("test_a", 16), ("test_b", 32), ("test_z_after", 64)]
+    assert not [p for p in project.path.iterdir() if p.name.endswith(".tmp")]
+    # xdist's own words, in either order its versions use
+    assert any("crashed" in line and "test_stop" in line for line in parallel.stdout.lines), parallel.stdout.str()
+    # workers that start warm: the controller, which writes every report, imports no torch; the workers import
+    # torch for their profiles and never transformers, which no test here uses
+    imports = {path.stem.removeprefix("imports-"): path.read_text().split()
+               for path in project.path.glob("imports-*.txt")}
+    assert imports.pop("controller") == []
+    assert len(imports) >= 2 and all("torch" in loaded and "transformers" not in loaded for loaded in imports.values())
 
 
 def test_warnings_as_errors(project):
