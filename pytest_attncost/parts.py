@@ -120,7 +120,7 @@ def split(
             result.conditioning[record.scope] = result.conditioning.get(record.scope, 0) + macs
             part = "other"
         if index in columns and structure is not None:  # split by its columns: the first share placed below
-            (part, macs), *rest = columns[index]
+            (part, macs), *rest = _shares(record.macs, columns[index])
             _add_shares(result, structure, record, rest)
         if part == "attention_core" and causal_modules is not None:
             macs = _counted_core(record, causal_modules, bidirectional, local or {}, result)
@@ -144,6 +144,13 @@ def split(
             inside = structure is None or module not in structure.outside
             (result.lengths if inside else result.outside_lengths).append(lengths)
     return result
+
+
+def _shares(macs: int, columns: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """*macs* split in proportion to the parts' *columns* (the last part takes what rounding leaves)."""
+    total = sum(count for _, count in columns)
+    found = [(part, macs * count // total) for part, count in columns[:-1]]
+    return [*found, (columns[-1][0], macs - sum(share for _, share in found))]
 
 
 def _add_shares(result: Split, structure: Structure, record: OpRecord, shares: list[tuple[str, int]]) -> None:

@@ -203,8 +203,9 @@ class Structure:
             or ``unplaced`` (a product of two activations in a layer that is no core).
         groups: the attention calls (indices of their cores), and where each runs (its attention module).
         warnings: what the data flow could not square with itself (see the module docstring).
-        columns: records split by their contracted columns (a projection reading the attention's result
-            concatenated with an MLP's, Flux's ``proj_out``) -> ``(part, MACs)`` shares adding up to its MACs.
+        columns: records split by their columns (a projection reading the attention's result concatenated
+            with an MLP's, Flux's ``proj_out``; one computing Q, K, V and an MLP's input) -> ``(part, columns)``:
+            its MACs go to the parts in proportion to the columns.
     """
 
     layers: tuple[str, ...] = ()
@@ -398,17 +399,14 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
             # what the rest of the columns feed (an entry's: the MLP beside the attention) or come from
             sources = [s for s in sorted(records[i].fed_by) if s not in flow.group_of]
             beside = "ffn" if i in fused or fused & set(sources) else next((parts[s] for s in sources), "other")
-            if attention:
-                share = records[i].macs * attention // width
-                columns[i] = (("attention_proj", share), (_plain(beside), records[i].macs - share))
+            if attention:  # the columns, not their MACs: one structure serves every length of a one-run sweep
+                columns[i] = (("attention_proj", attention), (_plain(beside), width - attention))
     roles = structure.roles()
     for i, record in enumerate(records):
         if record.backward_of is not None and record.backward_of >= 0:
             parts[i] = parts[record.backward_of]  # a gradient is placed with the product it differentiates
             if record.backward_of in columns:  # and split as it is
-                (first, share), (second, _) = columns[record.backward_of]
-                part = record.macs * share // records[record.backward_of].macs if records[record.backward_of].macs else 0
-                columns[i] = ((first, part), (second, record.macs - part))
+                columns[i] = columns[record.backward_of]
         elif record.backward_of is not None and (is_product(record.op) or is_fused(record.op)):
             part = product_part(role_of(record.scope, roles), is_fused(record.op), record.origin, False)
             parts[i] = "other" if part == "unplaced" else part

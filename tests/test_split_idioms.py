@@ -120,6 +120,13 @@ def test_flux_parallel_mlp_is_ffn_and_its_projection_split_by_columns(backend):
     assert not profile.warnings
 
 
+def test_a_one_run_sweep_splits_by_columns_at_every_length():
+    # one structure serves every length of the run: the columns, not the MACs of one length, are kept
+    swept = pa.sweep(flux_single, [16, 48], inputs=tokens, backend="torch")
+    for n, profile in zip((16, 48), swept):
+        assert split_of(profile) == (L * 2 * n * n * D, L * 4 * n * D * D, L * 2 * n * D * FF)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fused_parallel_projections_are_split_by_their_columns(backend):
     profile = pa.profile(lambda: Stack(FusedParallelBlock), n=N, inputs=tokens, backend=backend)
