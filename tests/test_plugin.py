@@ -412,6 +412,7 @@ def test_z_after(attncost):
 
 def test_xdist_writes_what_a_serial_run_writes_and_keeps_a_crashed_workers_finished_tests(project, monkeypatch):
     pytest.importorskip("xdist")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # this suite's own worker: test_stop must not exit it
     project.makepyfile(**XDIST_FILES)
     project.runpytest("--attncost-save=base.json", "test_verdicts.py").assert_outcomes(passed=2)
     monkeypatch.setenv("BERT_LAYERS", "3")

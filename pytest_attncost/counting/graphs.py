@@ -20,6 +20,10 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..errors import hidden
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+
 __all__ = ["NO_SCOPES", "graph_metadata", "model_class", "run_in_scopes", "shell_containers", "unscoped"]
 
 NO_SCOPES = ("{name} is a torch.fx GraphModule whose nodes carry no nn_module_stack: its ops run in no module of "
