@@ -34,6 +34,7 @@ def test_llama2_7b_decode_turns_attention_bound_past_16k(attncost):
     assert step.kv_cache_bytes == 2 * 32 * 32 * 128 * step.n * 2  # 2 GiB at n = 4096 in float16
 
 
+@pytest.mark.slow  # 999 profiles: about 12 seconds on 2 cores
 def test_a_thousand_tokens_after_a_thousand_token_prompt():
     """The closed form equals a prefill plus 999 decode steps, each of them profiled."""
     model = CachedDecoder()

@@ -48,11 +48,53 @@ def test_the_readme_opens_with_the_two_commands_and_links_to_pages_that_exist() 
     text = README.read_text(encoding="utf-8")
     fences = re.findall(r"^```(\w*)\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
     assert [lang for lang, _ in fences[:2]] == ["bash", "bash"]
-    assert fences[0][1].rstrip().endswith("pytest examples --attncost-report")
+    assert fences[0][1].rstrip().endswith('pytest examples -m "not slow" --attncost-report')
     assert fences[1][1].rstrip().endswith("pytest tests -n 2")
     links = re.findall(r"\]\((docs/[^)#]+)", text)
     assert links and [link for link in links if not (ROOT / link).is_file()] == []
     assert "mkdocs build" in text  # the site's one command
+
+
+def _extras(names: list[str], table: dict[str, list[str]]) -> list[str]:
+    """The requirements extras *names* pull in, the package's own extras (``pytest-attncost[zoo]``) expanded."""
+    found = []
+    for name in names:
+        for requirement in table[name]:
+            inner = re.fullmatch(r"pytest-attncost\[([\w,-]+)\]", requirement)
+            found += _extras(inner.group(1).split(","), table) if inner else [requirement]
+    return found
+
+
+def test_the_first_command_installs_what_the_examples_import_and_not_the_zoo_or_docs() -> None:
+    import tomllib
+
+    first = re.search(r"^```bash\n(.*?)^```", README.read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE)
+    assert first is not None
+    extras = re.findall(r"pip install -e '\.\[([\w,-]+)\]'", first.group(1))
+    assert len(extras) == 1
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    table = project["optional-dependencies"]
+    installed = _extras(extras[0].split(","), table)
+    heavy = _extras(["zoo", "docs"], table)
+    assert installed and not set(installed) & set(heavy), installed
+    names = {re.split(r"[\[<>=!~ ]", r)[0].lower() for r in [*installed, *project["dependencies"]]}
+    local = {path.stem for path in (ROOT / "examples").glob("*.py")}
+    imported = {match.split(".")[0] for path in (ROOT / "examples").glob("*.py")
+                for match in re.findall(r"^(?:from|import) ([\w.]+)", path.read_text(encoding="utf-8"), re.MULTILINE)}
+    missing = imported - local - set(sys.stdlib_module_names) - {"pytest_attncost", "__future__"} - names
+    assert missing == set(), f"examples/ imports {missing}, which the first command does not install"
+
+
+def test_the_examples_that_time_forwards_or_profile_hundreds_of_steps_are_marked_slow() -> None:
+    # the first command's few seconds hold while its examples count on the meta device: a timed real forward
+    # (measure()) or a loop of profiles belongs to the full run, behind @pytest.mark.slow
+    unmarked = []
+    for path in sorted((ROOT / "examples").glob("test_*.py")):
+        for block in re.split(r"\n\n+(?=@|def )", path.read_text(encoding="utf-8")):
+            heavy = ".measure(" in block or re.search(r"profile\(.*for \w+ in range\(", block)
+            if heavy and block.startswith(("@", "def test_")) and "@pytest.mark.slow" not in block:
+                unmarked.append(f"{path.name}: {block.splitlines()[0]}")
+    assert unmarked == []
 
 
 def test_the_docs_site_builds_in_strict_mode(tmp_path: Path) -> None:
