@@ -174,6 +174,22 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
     return rows, problems
 
 
+def sweep_verdicts(rows: list[Row], judged: list[tuple[Sweep, list[str]]], bounded: bool) -> list[Row]:
+    """Each row's verdict as the sweeps that hold its profile judged it too: ``FAIL`` on every row of a sweep
+    whose crossover bound broke (the test failed on them), ``ok`` on a row a passed sweep bound checked."""
+    if not bounded:
+        return rows
+    judged_rows = []
+    for row in rows:
+        verdicts = [bool(found) for made, found in judged if any(row.profile is p or row.profile == p for p in made)]
+        if any(verdicts):
+            row = row.replace(verdict="FAIL")
+        elif verdicts and row.verdict == "-":
+            row = row.replace(verdict="ok")
+        judged_rows.append(row)
+    return judged_rows
+
+
 class AttncostCheckError(AssertionError):
     """Broken bounds (or baseline regressions, cross-checks, strict mode) after a test body ran.
 
@@ -212,17 +228,17 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
             problems += timed
             if timed:
                 rows = [row.replace(problems=(*row.problems, *timed), verdict="FAIL") for row in rows]
+        sweeps = item.stash.get(SWEEPS_KEY, [])
+        judged = [(made, check_sweep(bounds, made) if bounds is not None else []) for made in sweeps]
+        rows = sweep_verdicts(rows, judged, bool(bounds is not None and bounds.has_sweep_bounds))
+        problems += [problem for _, found in judged for problem in found]
         if not body_passed:
             problems = []
             rows = [row.replace(problems=(), verdict="-") for row in rows]
         # JSON strings, so --junitxml shows JSON and xdist ships plain text
         properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
-        sweeps = item.stash.get(SWEEPS_KEY, [])
-        for made in sweeps:
-            found = check_sweep(bounds, made) if bounds is not None else []
-            problems += found
-            properties.append((SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
-                                                          sort_keys=True, allow_nan=False)))
+        properties += [(SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
+                                                   sort_keys=True, allow_nan=False)) for made, found in judged]
         if not body_passed:
             problems = []
         elif bounds is not None and not rows:
