@@ -21,6 +21,7 @@ from typing import Any
 
 from . import devices
 from .formulas import ModelSpec
+from .inferred import is_inferred
 from .markers import threshold_notes
 from .result import PARTS, Profile, versions
 from .series import Sweep, SweepError
@@ -272,7 +273,8 @@ def threshold_lines(rows: Sequence[Row]) -> list[str]:
         if spec is not None and (spec, mode) not in seen:
             first, second = threshold_notes(row.profile)
             label = ", a decode step (n: the context of its new token)" if mode == "decode" else ""
-            seen[(spec, mode)] = f"{row.profile.name} ({_spec_text(spec)}{label}): {first}; {second}"
+            inferred = "inferred: " if is_inferred(row.profile.notes) else ""
+            seen[(spec, mode)] = f"{row.profile.name} ({inferred}{_spec_text(spec)}{label}): {first}; {second}"
     return list(seen.values())
 
 
