@@ -217,11 +217,31 @@ class Profile:
         """Unsupported ops that multiply matrices: their MACs are missing from the count."""
         return {op: c for op, c in self.unsupported_ops.items() if op in MATMUL_LIKE_UNSUPPORTED}
 
-    def conventions(self, vocab: int = 0, causal: bool = False) -> list[Convention]:
+    @property
+    def head_vocab(self) -> int:
+        """The vocabulary of the model's output head, read from its modules (0: none): the widest module outside the
+        layers that holds a ``V x D`` matrix (and its bias) and ran it on every token, ``b·n·V·D`` MACs."""
+        if self.spec is None:
+            return 0
+        tokens, width = self.batch * self.n, self.spec.hidden
+        found = [vocab for name, (_, size, role) in self.modules.items() if role == "other"
+                 for vocab in {size // width, size // (width + 1)}  # a V x D matrix, without its bias or with it
+                 if vocab and size in (vocab * width, vocab * (width + 1))
+                 and self.by_module.get(name) == tokens * vocab * width]
+        return max(found, default=0)
+
+    def conventions(self, vocab: int | None = None, causal: bool = False) -> list[Convention]:
         """This forward pass in the published FLOP conventions (PaLM, Megatron-LM, Kaplan, Chinchilla, Hugging
-        Face), each with the terms in which it differs from the exact count of the layers; see
-        :mod:`pytest_attncost.conventions`. *vocab*: the output head's vocabulary (0: no head); *causal*: the
-        self-attention is causal (the conventions that halve it do).
+        Face, FlashAttention), each with the terms in which it differs from the exact count of the layers; see
+        :mod:`pytest_attncost.conventions`.
+
+        Args:
+            vocab: the output head's vocabulary; None (the default) reads it from the model's head
+                (:attr:`head_vocab`, 0 for a model without one); 0 leaves the head out.
+            causal: the self-attention is causal (the conventions that halve it do).
+
+        Returns:
+            One :class:`~pytest_attncost.conventions.Convention` per convention, in the order above.
 
         Raises:
             ValueError: no spec (the conventions need the shape), or not a forward pass.
@@ -229,7 +249,8 @@ class Profile:
         if self.spec is None or self.mode != "forward":
             raise ValueError(f"{self.name}: the conventions need a forward profile with a spec (mode {self.mode!r}, "
                              f"spec {'known' if self.spec else 'unknown'}); pass spec=ModelSpec(...) to profile()")
-        return conventions(self.spec, self.n, self.batch, vocab=vocab, causal=causal)
+        return conventions(self.spec, self.n, self.batch, vocab=self.head_vocab if vocab is None else vocab,
+                           causal=causal)
 
     def audit(self, formula: Formula | Callable[..., float]) -> Audit:
         """Set a FLOPs formula (a :class:`~pytest_attncost.conventions.Formula`, or a function ``n -> FLOPs`` or
