@@ -97,6 +97,31 @@ def test_the_examples_that_time_forwards_or_profile_hundreds_of_steps_are_marked
     assert unmarked == []
 
 
+#: Fences of what a reader copies (program output, ```console and bare fences, is shown as the program prints it).
+_CODE_FENCE = re.compile(r"^```(python|bash|sh|yaml|toml|ini)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+THEME_WIDTH = 88  # the columns the docs theme shows without a scroll bar
+
+
+def test_the_code_blocks_fit_the_theme_and_long_pages_have_headings() -> None:
+    too_wide, headless = [], []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in _CODE_FENCE.finditer(text):
+            first = text.count("\n", 0, match.start()) + 2
+            too_wide += [f"{page.name}:{first + i}: {len(line)} columns"
+                         for i, line in enumerate(match.group(2).splitlines()) if len(line) > THEME_WIDTH]
+        if text.count("\n") > 40 and not re.search(r"^## ", text, re.MULTILINE):
+            headless.append(page.name)  # its table of contents would be empty
+    assert too_wide == [] and headless == []
+
+
+def test_split_page_draws_the_split() -> None:
+    text = (ROOT / "docs" / "split.md").read_text(encoding="utf-8")
+    drawing = text[text.index("## The data flow, drawn"):text.index("## The rule")]
+    assert all(word in drawing for word in ("Q = x·Wq", "K = x·Wk", "V = x·Wv", "S = Q·Kᵀ", "A = S·V", "O = A·Wo",
+                                            "FFN", "attention_proj", "attention_core", "ffn", "other"))
+
+
 def test_the_docs_site_builds_in_strict_mode(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
