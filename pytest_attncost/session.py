@@ -216,6 +216,9 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
     """
     if CHECKED_KEY in item.stash:
         return item.stash[CHECKED_KEY]
+    if item.config.stash[SETTINGS_KEY].disabled:  # --attncost-disable: the marker is a no-op
+        item.stash[PROPERTIES_KEY], item.stash[CHECKED_KEY] = [], []
+        return []
     problems: list[str] = []
     properties: list[tuple[str, object]] = []
     bounds = current_bounds(item)
@@ -303,6 +306,8 @@ def _ours(value: object) -> dict[str, Any] | None:
     return None
 
 
+DISABLED = ("attncost: disabled (--attncost-disable): the @pytest.mark.attncost checks were not run, and no report "
+            "or file was written")
 FILE_ERROR = "attncost: could not write the {what} ({path}): {reason}; the other reports were written"
 PRUNE_SKIPPED = ("attncost: --attncost-save-prune pruned nothing: {why}; entries of tests this run did not see "
                  "were kept (prune after a complete run)")
@@ -438,7 +443,7 @@ class AttncostSession:
         Markdown reports and the step summary. A file that cannot be written, or a plot matplotlib
         cannot draw, is reported (and fails the run) without costing the others.
         """
-        if is_worker(self.config):
+        if is_worker(self.config) or self.settings.disabled:
             return
         rows = self.final_rows()
         sweeps = self.final_sweeps()
@@ -501,6 +506,9 @@ class AttncostSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """End of the run: baseline notes, then the table when asked for."""
         if is_worker(self.config):
+            return
+        if self.settings.disabled:
+            terminalreporter.write_line(DISABLED)
             return
         self._baseline_summary(terminalreporter)
         unit = self.settings.unit

@@ -27,6 +27,9 @@ _REPORT_FULL_HELP = ("Print the attncost table with every column and full test i
 _UNIT_HELP = "Unit of the counts in reports: mac (default) or flop (1 MAC = 2 FLOP)."
 _STRICT_HELP = ("Fail a test whose profile skipped a matrix-multiplying op, fell back to the torch backend, "
                 "or carries a warning (a split that cannot be trusted).")
+_DISABLE_HELP = ("Turn the attncost markers into no-ops: no bound, baseline or audit is checked, no report or file is "
+                 "written; the tests run as plain tests (the fixture still counts).")
+_EXPORT_INI_HELP = "Dashboard exports, one FORMAT:PATH a line (as --attncost-export)."
 _JSON_HELP = "Write every profile of the session to this JSON file (versioned schema)."
 _MARKDOWN_HELP = "Write the report as a Markdown table to this file."
 _SAVE_HELP = "Save every profile of the run to this JSON baseline (merged with what it holds)."
@@ -68,6 +71,7 @@ class Settings:
     crosscheck: bool = False
     cache: bool = True
     lock_timeout: float = 60.0  # seconds
+    disabled: bool = False  # --attncost-disable: the markers check nothing
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -82,19 +86,26 @@ class Settings:
                 raise pytest.UsageError(
                     f"attncost_unit = {unit!r} in the ini file: expected one of {', '.join(UNITS)}"
                 )
-        json_path = _report_path(config, "attncost_json", "--attncost-json")
-        markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown")
+        json_path = _report_path(config, "attncost_json", "--attncost-json", ini="attncost_json")
+        markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown", ini="attncost_markdown")
         save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save", what="baseline")
         compare_path = _path_value(config, "attncost_compare", "attncost_compare")
-        exports = tuple(_export(config, value) for value in config.getoption("attncost_export") or ())
+        given = config.getoption("attncost_export")
+        exports = tuple(_export(config, value, Path(config.invocation_params.dir if given else config.rootpath))
+                        for value in given or [line.strip() for line in config.getini("attncost_export") if line.strip()])
         _distinct({"--attncost-json": json_path, "--attncost-markdown": markdown_path,
                    "--attncost-save": save_path, "--attncost-compare": compare_path,
                    **{f"--attncost-export={kind}": path for kind, path in exports}})
         plot_dir = _plot_dir(config)
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
-        full = bool(config.getoption("attncost_report_full"))
+        full = flag("attncost_report_full", "attncost_report_full")
+        disabled = flag("attncost_disable", "attncost_disable")
+        if disabled and (save_path or compare_path):
+            raise pytest.UsageError("--attncost-disable turns the attncost checks off, so --attncost-save and "
+                                    "--attncost-compare have nothing to work on: drop one or the other")
         return cls(
+            disabled=disabled,
             report=full or flag("attncost_report", "attncost_report"),
             report_full=full,
             unit=unit,
@@ -115,12 +126,12 @@ class Settings:
         )
 
 
-def _export(config: pytest.Config, value: str) -> tuple[str, Path]:
+def _export(config: pytest.Config, value: str, base: Path) -> tuple[str, Path]:
     kind, _, path = value.partition(":")
     if kind not in EXPORTS or not path:
         raise pytest.UsageError(f"--attncost-export={value}: expected FORMAT:PATH with FORMAT one of "
                                 f"{', '.join(EXPORTS)}, e.g. --attncost-export=bencher:attncost-bmf.json")
-    return kind, _checked(Path(config.invocation_params.dir) / path, "--attncost-export", value)
+    return kind, _checked(base / path, "--attncost-export", value)
 
 
 def _number(config: pytest.Config, dest: str, parse: Callable[[str], float], default: str, expected: str) -> float:
@@ -148,7 +159,7 @@ def _distinct(named: dict[str, Path | None]) -> None:
 
 def _plot_dir(config: pytest.Config) -> Path | None:
     """--attncost-plot, checked before any test runs: a directory that can be written, and matplotlib."""
-    plot_dir = _path_value(config, "attncost_plot", None)
+    plot_dir = _path_value(config, "attncost_plot", "attncost_plot")
     if plot_dir is None:
         return None
     if plot_dir.exists() and not plot_dir.is_dir():
@@ -267,7 +278,8 @@ def add_options(parser: pytest.Parser) -> None:
     # default=None, not False: "not given" must be told apart so the ini twin is consulted.
     group.addoption("--attncost-report", action="store_true", default=None, help=_REPORT_HELP)
     group.addoption("--attncost-unit", metavar="UNIT", type=_unit_arg, default=None, help=_UNIT_HELP)
-    group.addoption("--attncost-report-full", action="store_true", default=False, help=_REPORT_FULL_HELP)
+    group.addoption("--attncost-report-full", action="store_true", default=None, help=_REPORT_FULL_HELP)
+    group.addoption("--attncost-disable", action="store_true", default=None, help=_DISABLE_HELP)
     group.addoption("--attncost-strict", action="store_true", default=None, help=_STRICT_HELP)
     group.addoption("--attncost-json", metavar="PATH", default=None, help=_JSON_HELP)
     group.addoption("--attncost-markdown", metavar="PATH", default=None, help=_MARKDOWN_HELP)
@@ -287,6 +299,12 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("attncost_backend", _BACKEND_HELP, default="fvcore")
     parser.addini("attncost_crosscheck", _CROSSCHECK_HELP, type="bool", default=False)
     parser.addini("attncost_report", _REPORT_HELP, type="bool", default=False)
+    parser.addini("attncost_report_full", _REPORT_FULL_HELP, type="bool", default=False)
+    parser.addini("attncost_disable", _DISABLE_HELP, type="bool", default=False)
+    parser.addini("attncost_json", _JSON_HELP, default="")
+    parser.addini("attncost_markdown", _MARKDOWN_HELP, default="")
+    parser.addini("attncost_export", _EXPORT_INI_HELP, type="linelist", default=[])
+    parser.addini("attncost_plot", _PLOT_HELP, default="")
     parser.addini("attncost_save", _SAVE_HELP, default="")
     parser.addini("attncost_compare", _COMPARE_HELP, default="")
     parser.addini("attncost_max_increase", _INCREASE_HELP, default="0")
