@@ -18,7 +18,7 @@ from .conventions import Audit, Convention, Formula, audit, conventions
 from .formulas import Costs, ModelSpec, relative_deviation
 from .ops import MATMUL_LIKE_UNSUPPORTED
 from .units import format_count, format_seconds, table
-from .errors import hidden
+from .errors import CheckFailed, hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
@@ -289,11 +289,12 @@ class Profile:
         """Assert that each measured part is within *rtol* of the formula.
 
         Raises:
-            AssertionError: with a small measured-vs-formula table.
+            CheckFailed: an AssertionError, with a small measured-vs-formula table (pytest locates it at
+                the caller's line).
         """
         expected = self.formula
         if expected is None:
-            raise AssertionError(
+            raise CheckFailed(
                 f"{self.name}: no formula to compare with (unknown shape); pass spec=ModelSpec(...) to profile()"
             )
         body = []
@@ -306,7 +307,7 @@ class Profile:
         if bad:
             step = f" (decode step of {self.new_tokens or 1})" if self.mode == "decode" else ""
             header = f"{self.name} at n={self.n}{step}, batch={self.batch} deviates from the formula by more than {rtol:.2%} (MACs):"
-            raise AssertionError("\n".join([header, *table(["part", "measured", "formula", "deviation", ""], body,
+            raise CheckFailed("\n".join([header, *table(["part", "measured", "formula", "deviation", ""], body,
                                                            right=(1, 2, 3), rule=False)]))
 
     def to_dict(self) -> dict[str, Any]:
