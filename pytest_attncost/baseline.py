@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .result import Profile
 
 from . import files
+from .markers import increase_for
 from .reporting import SCHEMA, Row, RowKey, render_documents, row_key
 from .errors import hidden
 
@@ -138,25 +139,31 @@ def _part(counts: Mapping[str, Any] | Profile, part: str) -> int:
     return int(counts[part] if isinstance(counts, Mapping) else getattr(counts, part))
 
 
+def _moved(before: int, after: int) -> str:
+    if before == after:
+        return "="
+    return "+inf" if before == 0 else f"{(after - before) / before * 100:+.2f}%"
+
+
 def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
-            allowed: float) -> tuple[list[Regression], str]:
+            allowed: float | Mapping[str, float]) -> tuple[list[Regression], str]:
     """Regressions of *now* (a profile, or another file's entry) against its baseline entry, and the
-    'vs baseline' cell for the total."""
+    'vs baseline' cell: the total's change, and the part that moved most when one did (``+1.20% (ffn +4.00%)``).
+    *allowed*: percent for every part, or per part (:func:`~pytest_attncost.markers.parse_increase`)."""
     regressions = []
     for part in PARTS:
         before, after = int(baseline[part]), _part(now, part)
         if after <= before:
             continue
-        regression = Regression(part, before, after, allowed)
-        if regression.change > allowed:
+        regression = Regression(part, before, after, increase_for(allowed, part))
+        if regression.change > regression.allowed:
             regressions.append(regression)
-    before, after = int(baseline["total"]), _part(now, "total")
-    if before == after:
-        cell = "="
-    elif before == 0:
-        cell = "+inf"
-    else:
-        cell = f"{(after - before) / before * 100:+.2f}%"
+    moved = [(abs(after - before) / before if before else math.inf, part, _moved(before, after))
+             for part in PARTS[1:] for before, after in [(int(baseline[part]), _part(now, part))] if before != after]
+    cell = _moved(int(baseline["total"]), _part(now, "total"))
+    if moved:
+        _, part, change = max(moved)
+        cell += f" ({part} {change})"
     return regressions, cell
 
 

@@ -13,6 +13,7 @@ import functools
 
 import json
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,7 +172,24 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
                         timing=timing.to_dict() if timing is not None else None))
         prefix = f"{result.name}: " if len(profiles) > 1 else ""
         problems += [prefix + p for p in found]
+    if any(row.vs_baseline not in (None, "new") and any("over the baseline" in p for p in row.problems)
+           for row in rows):
+        problems.append(accept_line(item, settings))
     return rows, problems
+
+
+ACCEPT = "an intended change? accept it: pytest {test} --attncost-save={path}"
+
+
+def accept_line(item: pytest.Item, settings: Settings) -> str:
+    """The command that records this test's profiles as the new baseline (the failure's last line)."""
+    path = settings.compare_path
+    assert path is not None
+    try:
+        shown = os.path.relpath(path, item.config.invocation_params.dir)
+    except ValueError:  # another drive (Windows)
+        shown = str(path)
+    return ACCEPT.format(test=shlex.quote(item.nodeid), path=shlex.quote(shown))
 
 
 def sweep_verdicts(rows: list[Row], judged: list[tuple[Sweep, list[str]]], bounded: bool) -> list[Row]:

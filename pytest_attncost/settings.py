@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from . import files
+from .markers import parse_increase
 from .plots import require_matplotlib
 from .reporting import EXPORTS
 from .units import UNITS
@@ -64,7 +65,7 @@ class Settings:
     save_path: Path | None = None
     save_prune: bool = False
     compare_path: Path | None = None
-    max_increase: float = 0.0
+    max_increase: float | dict[str, float] = 0.0  # percent, or per part
     compare_strict: bool = False
     plot_dir: Path | None = None
     backend: str = "fvcore"
@@ -116,7 +117,7 @@ class Settings:
             save_path=save_path,
             save_prune=bool(config.getoption("attncost_save_prune")),
             compare_path=compare_path,
-            max_increase=_number(config, "attncost_max_increase", _percent, "0", "a percentage such as 2.5"),
+            max_increase=_increase(config),
             compare_strict=flag("attncost_compare_strict", "attncost_compare_strict"),
             plot_dir=plot_dir,
             backend=_backend(config),
@@ -144,6 +145,18 @@ def _number(config: pytest.Config, dest: str, parse: Callable[[str], float], def
         return parse(text)
     except ValueError:
         raise pytest.UsageError(f"{dest} = {text!r} in the ini file: expected {expected}") from None
+
+
+def _increase(config: pytest.Config) -> float | dict[str, float]:
+    """--attncost-max-increase, else its ini twin: percent for every part, or per part (ffn:5%,total:0%)."""
+    value = config.getoption("attncost_max_increase")
+    if value is not None:
+        return value  # type: ignore[no-any-return]
+    text = str(config.getini("attncost_max_increase")).strip() or "0"
+    try:
+        return parse_increase(text)
+    except ValueError as exc:
+        raise pytest.UsageError(f"attncost_max_increase = {text!r} in the ini file: {exc}") from None
 
 
 def _distinct(named: dict[str, Path | None]) -> None:
@@ -196,18 +209,11 @@ def _path_value(config: pytest.Config, dest: str, ini: str | None) -> Path | Non
     return path if path.is_absolute() else Path(config.invocation_params.dir) / path
 
 
-def _percent(text: str) -> float:
-    value = float(text.strip().rstrip("%"))
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _percent_arg(text: str) -> float:
+def _percent_arg(text: str) -> float | dict[str, float]:
     try:
-        return _percent(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}") from None
+        return parse_increase(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:
