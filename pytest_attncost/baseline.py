@@ -206,9 +206,15 @@ def merge(
 VOLATILE = ("outcome", "verdict", "problems", "vs_baseline", "baseline_status", "timing")
 
 
-def render_baseline(entries: Iterable[Mapping[str, Any]]) -> str:
-    """The baseline document: the JSON report's schema, minus run-specific fields, in row order."""
-    clean = [{k: v for k, v in entry.items() if k not in VOLATILE} for entry in entries]
+#: The per-module tree: kept in a baseline only when asked (--attncost-save-tree); the gate compares the parts.
+TREE = "by_module"
+
+
+def render_baseline(entries: Iterable[Mapping[str, Any]], tree: bool = False) -> str:
+    """The baseline document: the JSON report's schema, minus run-specific fields (and the per-module tree
+    unless *tree*), in row order."""
+    left_out = VOLATILE if tree else (*VOLATILE, TREE)
+    clean = [{k: v for k, v in entry.items() if k not in left_out} for entry in entries]
     return render_documents(sorted(clean, key=entry_key))
 
 
@@ -219,13 +225,15 @@ LOCK_FAILED = ("cannot take the lock {lock}: {reason}; every run saving to this 
                "be a file this user can create or write (delete it if another user left it and no run is active)")
 
 
-def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: float = 60.0) -> None:
+def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: float = 60.0,
+         tree: bool = False) -> None:
     """Merge this run's profiles into the baseline at *path*, under a file lock, atomically.
 
     Another process saving to the same file waits for the lock (up to *lock_timeout* seconds), and each
     merges into what the other wrote, so concurrent runs lose nothing. The file is written by
     :func:`files.write`: a symlink is followed (the link stays a link), a read-only file is refused, the
-    file keeps its permissions; temporaries left by killed saves are removed.
+    file keeps its permissions; temporaries left by killed saves are removed. *tree* keeps each entry's
+    per-module tree (``by_module``), which is left out by default: the gate compares the parts only.
 
     Raises:
         BaselineError: the file is read-only, the lock cannot be taken in time, or what the file holds now
@@ -251,6 +259,6 @@ def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: flo
     try:
         files.drop_temporaries(target)
         existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
-        files.write(target, render_baseline(merge(existing, [row.to_dict() for row in rows], prune)))
+        files.write(target, render_baseline(merge(existing, [row.to_dict() for row in rows], prune), tree))
     finally:
         lock.release()

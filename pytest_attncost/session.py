@@ -515,7 +515,7 @@ class AttncostSession:
         path = self.settings.save_path
         assert path is not None
         try:
-            save(path, rows, prune, self.settings.lock_timeout)
+            save(path, rows, prune, self.settings.lock_timeout, self.settings.save_tree)
         except (BaselineError, files.Refused) as exc:
             self.file_errors.append(f"attncost: the baseline was not saved: {exc}")
         except OSError as exc:

@@ -34,6 +34,8 @@ _EXPORT_INI_HELP = "Dashboard exports, one FORMAT:PATH a line (as --attncost-exp
 _JSON_HELP = "Write every profile of the session to this JSON file (versioned schema)."
 _MARKDOWN_HELP = "Write the report as a Markdown table to this file."
 _SAVE_HELP = "Save every profile of the run to this JSON baseline (merged with what it holds)."
+_SAVE_TREE_HELP = ("With --attncost-save: keep each profile's per-module tree (by_module) in the baseline; left out by "
+                   "default, since the gate compares the parts and the tree makes every diff noisy.")
 _PRUNE_HELP = "With --attncost-save: drop baseline entries of tests this run did not see."
 _COMPARE_HELP = "Compare every profile with this JSON baseline; a regression fails its test."
 _INCREASE_HELP = "Allowed growth over the baseline, in percent (default 0: any increase fails)."
@@ -73,6 +75,7 @@ class Settings:
     cache: bool = True
     lock_timeout: float = 60.0  # seconds
     disabled: bool = False  # --attncost-disable: the markers check nothing
+    save_tree: bool = False  # --attncost-save-tree: baselines keep the per-module tree
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -116,6 +119,7 @@ class Settings:
             exports=exports,
             save_path=save_path,
             save_prune=bool(config.getoption("attncost_save_prune")),
+            save_tree=flag("attncost_save_tree", "attncost_save_tree"),
             compare_path=compare_path,
             max_increase=_increase(config),
             compare_strict=flag("attncost_compare_strict", "attncost_compare_strict"),
@@ -292,6 +296,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--attncost-export", metavar="FORMAT:PATH", action="append", default=None, help=_EXPORT_HELP)
     group.addoption("--attncost-save", metavar="PATH", default=None, help=_SAVE_HELP)
     group.addoption("--attncost-save-prune", action="store_true", default=False, help=_PRUNE_HELP)
+    group.addoption("--attncost-save-tree", action="store_true", default=None, help=_SAVE_TREE_HELP)
     group.addoption("--attncost-compare", metavar="PATH", default=None, help=_COMPARE_HELP)
     group.addoption("--attncost-max-increase", metavar="PCT", type=_percent_arg, default=None, help=_INCREASE_HELP)
     group.addoption("--attncost-lock-timeout", metavar="SECONDS", type=_seconds_arg, default=None,
@@ -312,6 +317,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("attncost_export", _EXPORT_INI_HELP, type="linelist", default=[])
     parser.addini("attncost_plot", _PLOT_HELP, default="")
     parser.addini("attncost_save", _SAVE_HELP, default="")
+    parser.addini("attncost_save_tree", _SAVE_TREE_HELP, type="bool", default=False)
     parser.addini("attncost_compare", _COMPARE_HELP, default="")
     parser.addini("attncost_max_increase", _INCREASE_HELP, default="0")
     parser.addini("attncost_lock_timeout", _LOCK_TIMEOUT_HELP, default="60")

@@ -91,6 +91,17 @@ def test_per_part_increase_limits(suite, monkeypatch, limits, outcome):
     suite.runpytest("--attncost-compare=base.json", "-k", "bert").assert_outcomes(**{outcome: 1})
 
 
+def test_the_per_module_tree_is_kept_only_when_asked(suite):
+    suite.runpytest("--attncost-save=base.json").assert_outcomes(passed=2)
+    lean = json.loads((suite.path / "base.json").read_text())["profiles"]
+    assert lean and all("by_module" not in entry and entry["total"] > 0 for entry in lean)
+    suite.runpytest("--attncost-save=tree.json", "--attncost-save-tree").assert_outcomes(passed=2)
+    full = json.loads((suite.path / "tree.json").read_text())["profiles"]
+    assert all(entry["by_module"][""] == entry["total"] for entry in full)  # the root holds every MAC
+    assert len((suite.path / "tree.json").read_text()) > len((suite.path / "base.json").read_text()) * 3 // 2
+    suite.runpytest("--attncost-compare=base.json").assert_outcomes(passed=2)  # the gate needs no tree
+
+
 def test_vs_baseline_shows_the_part_that_moved_most():
     before = {"total": 1000, "attention_core": 100, "attention_proj": 200, "ffn": 600, "other": 100}
     now = {**before, "total": 1030, "ffn": 630}
