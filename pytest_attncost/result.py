@@ -241,7 +241,7 @@ class Profile:
             causal: the self-attention is causal (the conventions that halve it do).
 
         Returns:
-            One :class:`~pytest_attncost.conventions.Convention` per convention, in the order above.
+            One per convention, in the order above.
 
         Raises:
             ValueError: no spec (the conventions need the shape), or not a forward pass.
