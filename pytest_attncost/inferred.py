@@ -61,6 +61,9 @@ def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str
         return None
     head_dim = first.shapes[0][-1]
     fused = "attention" in first.op  # q, k, v of a fused kernel
+    queries, keys = (first.shapes[0][-2], first.shapes[1][-2]) if fused else first.out_shape[-2:]
+    if queries != keys:
+        return None  # not every query against every key (windows, low-rank keys): not the formulas' core
     heads = first.shapes[0][-3] if len(first.shapes[0]) >= 4 else None
     mine = [i for i, part in enumerate(structure.parts) if structure.layer_of(records[i].scope) == layer
             and records[i].origin == "param" and records[i].backward_of is None]
@@ -70,8 +73,10 @@ def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str
     if not entry or not all(records[i].shapes and records[i].out_shape for i in entry + ffn):
         return None
     hidden = {_width(records[i]) for i in entry}
-    if len(hidden) != 1:
-        return None  # low-rank or cross projections: not the formulas' shape
+    tokens = {records[i].shapes[1 if records[i].op == "aten::addmm" else 0][-2] for i in entry}
+    if len(hidden) != 1 or len(first.shapes[0]) >= 3 and all(len(records[i].shapes[0]) >= 3 for i in entry) \
+            and tokens != {queries}:
+        return None  # low-rank or cross projections, or cores over other rows than the tokens projected
     width = sum(records[i].out_shape[-1] for i in entry)
     if heads is None:
         heads = width // (3 * head_dim) if width % (3 * head_dim) == 0 else None
