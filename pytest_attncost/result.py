@@ -220,7 +220,8 @@ class Profile:
     @property
     def head_vocab(self) -> int:
         """The vocabulary of the model's output head, read from its modules (0: none): the widest module outside the
-        layers that holds a ``V x D`` matrix (and its bias) and ran it on every token, ``b·n·V·D`` MACs."""
+        layers that holds a ``V x D`` matrix (and its bias) and ran it on every token, ``b·n·V·D`` MACs. A profile
+        read back from JSON has no module table: 0, so pass ``vocab=`` to :meth:`conventions` there."""
         if self.spec is None:
             return 0
         tokens, width = self.batch * self.n, self.spec.hidden
