@@ -34,10 +34,11 @@ def test_llama2_7b_decode_turns_attention_bound_past_16k(attncost):
     assert step.kv_cache_bytes == 2 * 32 * 32 * 128 * step.n * 2  # 2 GiB at n = 4096 in float16
 
 
+@pytest.mark.slow  # 999 profiles: about 12 seconds on 2 cores
 def test_a_thousand_tokens_after_a_thousand_token_prompt():
     """The closed form equals a prefill plus 999 decode steps, each of them profiled."""
     model = CachedDecoder()
-    spec = ModelSpec(16, 2, 8, 1, 64)
+    spec = ModelSpec(hidden=16, heads=2, head_dim=8, layers=1, ffn_dim=64)
     prefill = pytest_attncost.profile(model, 1000, inputs=lambda n, b: (torch.zeros(b, n, 16),), spec=spec)
     steps = [pytest_attncost.profile(model, n, mode="decode", inputs=_step, spec=spec) for n in range(1000, 1999)]
     generation = pytest_attncost.generation_cost(spec, prompt=1000, new_tokens=1000)

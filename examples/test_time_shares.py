@@ -25,6 +25,7 @@ def bert_base():
 MAC_SHARE = {128: 0.3514, 512: 0.4}
 
 
+@pytest.mark.slow  # real BERT-base forwards, timed: most of a minute on 2 cores
 @pytest.mark.attncost(n=[128, 512])
 def test_bert_base_time_beside_macs(attncost, record_property):
     timing = attncost.measure(bert_base, repeats=5)

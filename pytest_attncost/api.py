@@ -159,7 +159,7 @@ def profile(
             callable ``params -> torch.optim.Optimizer``, or None (no step).
 
     Returns:
-        The :class:`Profile`.
+        The count, split into attention_core, attention_proj, ffn and other.
 
     Raises:
         ProfileError: bad arguments, or a model that cannot be counted (the message
@@ -337,7 +337,7 @@ def measure(
             afterwards); None keeps the process's setting. On a busy machine, 1 is the least noisy.
 
     Returns:
-        The :class:`Timing`.
+        The measured seconds of each part, beside the counted MACs.
 
     Raises:
         TimingError: bad arguments, or a model that cannot run (the message says why).

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .result import Profile
 
 from . import files
+from .markers import increase_for
 from .reporting import SCHEMA, Row, RowKey, render_documents, row_key
 from .errors import hidden
 
@@ -189,30 +190,37 @@ def _memory_peak(counts: Mapping[str, Any] | Profile) -> int | None:
     return None if counts.memory is None else counts.memory.peak
 
 
+def _moved(before: int, after: int) -> str:
+    if before == after:
+        return "="
+    return "+inf" if before == 0 else f"{(after - before) / before * 100:+.2f}%"
+
+
 def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
-            allowed: float) -> tuple[list[Regression], str]:
+            allowed: float | Mapping[str, float]) -> tuple[list[Regression], str]:
     """Regressions of *now* (a profile, or another file's entry) against its baseline entry, and the
-    'vs baseline' cell for the total."""
+    'vs baseline' cell: the total's change, and the part that moved most when one did (``+1.20% (ffn +4.00%)``).
+    *allowed*: percent for every part, or per part (:func:`~pytest_attncost.markers.parse_increase`)."""
     regressions = []
     for part in PARTS:
         before, after = int(baseline[part]), _part(now, part)
         if after <= before:
             continue
-        regression = Regression(part, before, after, allowed)
-        if regression.change > allowed:
+        regression = Regression(part, before, after, increase_for(allowed, part))
+        if regression.change > regression.allowed:
             regressions.append(regression)
     peaks = _memory_peak(baseline), _memory_peak(now)
     if None not in peaks and peaks[1] > peaks[0]:  # type: ignore[operator]  # both estimated memory
-        regression = Regression("peak_memory", int(peaks[0]), int(peaks[1]), allowed, "B")  # type: ignore[arg-type]
-        if regression.change > allowed:
+        regression = Regression("peak_memory", int(peaks[0]), int(peaks[1]),  # type: ignore[arg-type]
+                                increase_for(allowed, "peak_memory"), "B")
+        if regression.change > regression.allowed:
             regressions.append(regression)
-    before, after = int(baseline["total"]), _part(now, "total")
-    if before == after:
-        cell = "="
-    elif before == 0:
-        cell = "+inf"
-    else:
-        cell = f"{(after - before) / before * 100:+.2f}%"
+    moved = [(abs(after - before) / before if before else math.inf, part, _moved(before, after))
+             for part in PARTS[1:] for before, after in [(int(baseline[part]), _part(now, part))] if before != after]
+    cell = _moved(int(baseline["total"]), _part(now, "total"))
+    if moved:
+        _, part, change = max(moved)
+        cell += f" ({part} {change})"
     return regressions, cell
 
 
@@ -255,13 +263,19 @@ def merge(
 VOLATILE = ("outcome", "verdict", "problems", "vs_baseline", "baseline_status", "timing")
 
 
-def _clean(entry: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k not in VOLATILE}
+#: The per-module tree: kept in a baseline only when asked (--attncost-save-tree); the gate compares the parts.
+TREE = "by_module"
 
 
-def render_baseline(entries: Iterable[Mapping[str, Any]]) -> str:
-    """The baseline document: the JSON report's schema, minus run-specific fields, in row order."""
-    return render_documents(sorted(map(_clean, entries), key=entry_key))
+def _clean(entry: Mapping[str, Any], tree: bool = False) -> dict[str, Any]:
+    left_out = VOLATILE if tree else (*VOLATILE, TREE)
+    return {k: v for k, v in entry.items() if k not in left_out}
+
+
+def render_baseline(entries: Iterable[Mapping[str, Any]], tree: bool = False) -> str:
+    """The baseline document: the JSON report's schema, minus run-specific fields (and the per-module tree
+    unless *tree*), in row order."""
+    return render_documents(sorted((_clean(entry, tree) for entry in entries), key=entry_key))
 
 
 LOCK_HELD = ("the lock {lock} was still held after {timeout:g} s: another pytest run saving to this baseline "
@@ -293,14 +307,16 @@ class Saved:
                 f"{self.dropped} pruned)")
 
 
-def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: float = 60.0) -> Saved:
+def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: float = 60.0,
+         tree: bool = False) -> Saved:
     """Merge this run's profiles into the baseline at *path*, under a file lock, atomically; say what changed.
 
     Another process saving to the same file waits for the lock (up to *lock_timeout* seconds), and each
     merges into what the other wrote, so concurrent runs lose nothing. The file is written by
     :func:`files.write`: a symlink is followed (the link stays a link) unless another user could have
     planted it, a read-only file is refused, the file keeps its permissions, owner and group, an unchanged
-    baseline is not written at all; temporaries left by killed saves are removed.
+    baseline is not written at all; temporaries left by killed saves are removed. *tree* keeps each entry's
+    per-module tree (``by_module``), which is left out by default: the gate compares the parts only.
 
     The lock, ``.NAME.lock`` beside the file's real path, is opened without following a link (filelock
     >= 3.20.1 opens it ``O_NOFOLLOW``; a link there is refused first, with its target named) and stays after
@@ -336,13 +352,13 @@ def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: flo
     try:
         existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
         merged = merge(existing, [row.to_dict() for row in rows], prune)
-        text = render_baseline(merged)
+        text = render_baseline(merged, tree)
         written = not (target.is_file() and target.read_bytes() == text.encode("utf-8"))
         files.write(target, text)  # nothing is written when the file holds it already
     finally:
         lock.release()
-    before = {key: _clean(row) for key, row in existing.items()}
-    after = {entry_key(row): _clean(row) for row in merged}
+    before = {key: _clean(row, tree) for key, row in existing.items()}
+    after = {entry_key(row): _clean(row, tree) for row in merged}
     return Saved(path, len(after), sum(key not in before for key in after),
                  sum(key in before and before[key] != row for key, row in after.items()),
                  sum(key not in after for key in before), written)

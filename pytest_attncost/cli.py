@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -506,9 +507,46 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="the forward's inputs: FN(n, batch) returns a tuple of positional arguments or a dict "
                              "of keyword arguments (default: built for transformers models and torch's Transformer "
                              "modules)")
+    parser.add_argument("--spec", type=_spec, metavar="KEY=VALUE,...",
+                        help="the shape the formulas use, as ModelSpec's keywords: hidden=64,heads=4,head_dim=16,"
+                             "layers=2,ffn_dim=256[,kv_heads=2,gated=true] (default: read from the config, else "
+                             "from the trace)")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report (the --attncost-json schema: compare reads it)")
     return parser
+
+
+_SPEC_FIELDS = {field.name: field.type for field in dataclasses.fields(ModelSpec)}
+
+
+def _spec(text: str) -> ModelSpec:
+    """``--spec hidden=64,heads=4,...``: a ModelSpec from its keywords, checked as ModelSpec checks them."""
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in _SPEC_FIELDS:
+            close = difflib.get_close_matches(key, list(_SPEC_FIELDS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; the keywords are {', '.join(_SPEC_FIELDS)}"
+            raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE of a ModelSpec keyword{hint}")
+        word = value.strip().lower()
+        words = {"true": True, "false": False, "none": None}
+        if word not in words and not word.isdigit():
+            raise argparse.ArgumentTypeError(f"{key}={value!r}: not an integer, true/false or none")
+        values[key] = words[word] if word in words else int(word)
+    try:
+        return ModelSpec(**values)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def _check_target(target: str) -> None:
+    """MODULE:FACTORY's form and file, checked before anything is imported (the user's module imports torch)."""
+    module, sep, attribute = target.rpartition(":")
+    if not sep or not module or not attribute:
+        raise TargetError(NOT_A_TARGET.format(target=target))
+    if (module.endswith(".py") or os.sep in module or "/" in module) and not Path(module).is_file():
+        raise TargetError(NO_FILE.format(target=target, path=Path(module)))
 
 
 def _import_module(target: str, module: str) -> Any:
@@ -586,6 +624,8 @@ def _profile(argv: Sequence[str]) -> int:
                                                         description=_PROFILE_HELP))
     args = parser.parse_args(argv)
     try:
+        for target in (args.target, *([args.inputs] if args.inputs is not None else [])):
+            _check_target(target)  # both, before the first import: an argument error costs no torch import
         factory = load_factory(args.target)
         inputs = None if args.inputs is None else load_factory(args.inputs, INPUTS_FN)
     except TargetError as exc:
@@ -596,7 +636,7 @@ def _profile(argv: Sequence[str]) -> int:
     one_run = False
     if args.backend == "torch" and len(set(args.n)) == len(args.n) > 1:
         try:  # the torch backend counts a sweep's lengths in one run; any trouble, and each n is counted alone
-            swept = sweep(factory, args.n, batch=args.batch, backend="torch", inputs=inputs)
+            swept = sweep(factory, args.n, batch=args.batch, backend="torch", inputs=inputs, spec=args.spec)
         except ProfileError:
             swept = None
         except SystemExit as exc:  # not KeyboardInterrupt: that one ends the command
@@ -607,7 +647,7 @@ def _profile(argv: Sequence[str]) -> int:
             rows = [reporting.Row(args.target, by_n[n]) for n in args.n]
     for n in args.n if not rows else ():
         try:
-            result = profile(factory, n, batch=args.batch, backend=args.backend, inputs=inputs)
+            result = profile(factory, n, batch=args.batch, backend=args.backend, inputs=inputs, spec=args.spec)
         except ProfileError as exc:
             hint = NO_INPUTS if "inputs=" in str(exc) else ""
             parser.error(f"{args.target} at n={n}: {exc}{hint}")

@@ -11,7 +11,8 @@ Sources: PaLM (Chowdhery et al. 2022, appendix B: ``6N + 12·L·H·Q·T`` per to
 included, causal attention counted in full) and today's (causal attention halved as ``s/2``, as
 FlashAttention's benchmarks and MaxText do); Kaplan et al. 2020 (``2N + 2·L·n_ctx·d_attn``); Hoffmann et al.
 2022, appendix F (Chinchilla: embeddings as a matrix product, softmax counted, the head, K and V at every
-head, an ungated FFN); Hugging Face's ``floating_point_ops`` (``6·tokens·N``, no ``n²`` term).
+head, an ungated FFN); Hugging Face's ``floating_point_ops`` (``6·tokens·N``, no ``n²`` term); FlashAttention's
+benchmarks (the attention block alone, ``4nD² + 2n²D`` a layer forward, the causal core as ``n²/2``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def conventions(spec: ModelSpec, n: int, batch: int = 1, *, vocab: int = 0, caus
         ("K and V at every query head (no grouped-query attention)", b * n * L * 2 * d * (hd - spec.g * spec.head_dim)),
         ("the FFN as two matrices (gated: three)", -b * n * (spec.model_ffn_per_token - L * 2 * d * spec.ffn_dim)),
     ]
+    # FlashAttention's accounting of the attention block alone: 4nD² + 2n²D a layer, the core halved as n²/2
+    flash_core = b * L * 2 * n * n * d
+    gqa = b * n * L * 2 * d * (hd - spec.g * spec.head_dim)
+    reshaped = b * L * 4 * n * d * d + flash_core - exact_costs.attention - gqa  # h·d ≠ D, cross-attention
+    flash = [("the FFN left out: the attention block alone", -exact_costs.ffn),
+             ("K and V at every query head (no grouped-query attention)", gqa),
+             (f"the projections and core as 4nD² + 2n²D (h·d = {hd}, D = {d}; cross-attention left out)", reshaped),
+             *([("causal attention halved as n²/2 (L·D·n² less)", -(flash_core // 2))] if causal else [])]
     rows = [
         ("PaLM", []),
         ("Megatron-LM (2024)", head_term),
@@ -84,6 +93,7 @@ def conventions(spec: ModelSpec, n: int, batch: int = 1, *, vocab: int = 0, caus
         ("Kaplan et al.", [("the n² term counted once (L·n·h·d per token): half of QKᵀ and AV", -(core // 2))]),
         ("Chinchilla", [term for term in chinchilla if term[1]]),
         ("Hugging Face floating_point_ops", [("no n² term: the attention core missing", -core)]),
+        ("FlashAttention", [term for term in flash if term[1]]),
     ]
     return [Convention(name, exact + sum(macs for _, macs in terms), tuple(terms), exact) for name, terms in rows]
 

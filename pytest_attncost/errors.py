@@ -19,7 +19,7 @@ import sysconfig
 import traceback
 from typing import Any
 
-__all__ = ["CountError", "ProfileError", "TimingError", "hidden", "hint", "named", "site"]
+__all__ = ["CheckFailed", "CountError", "ProfileError", "TimingError", "hidden", "hint", "named", "site"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -46,6 +46,11 @@ __tracebackhide__ = hidden
 
 class ProfileError(ValueError):
     """Something that cannot be counted, or bad arguments; the message names the fix."""
+
+
+class CheckFailed(AssertionError):
+    """A check the user called failed (``Profile.check_formula``): an assertion of theirs, so pytest locates it
+    at their line, the package's frames hidden (see :func:`hidden`)."""
 
 
 class CountError(ProfileError):

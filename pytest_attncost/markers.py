@@ -71,7 +71,7 @@ class Bounds:
     ffn_max: Fraction | None = None
     formula_rtol: float | None = None
     linear_saving_max: float | None = None
-    max_increase: float | None = None  # percent over the baseline
+    max_increase: float | dict[str, float] | None = None  # percent over the baseline, or per part
     crossover_min: float | None = None  # tokens, measured by sweeps
     crossover_max: float | None = None
     crossover_rtol: float | None = None
@@ -193,10 +193,51 @@ def parse_time_bound(name: str, value: object) -> float:
     return float(value)
 
 
-def _increase(name: str, value: object) -> float:
+_INCREASE_FORM = "expected a percentage >= 0 such as 2.5, or per part such as ffn:5%,total:0%"
+#: What a per-part increase limit may name (``*``: every part not named).
+INCREASE_PARTS = ("total", "attention_core", "attention_proj", "ffn", "other", "*")
+
+
+def parse_increase(value: object) -> float | dict[str, float]:
+    """An allowed increase over the baseline, in percent: one number for every part (``2.5``, ``"2.5%"``), or per
+    part (``"ffn:5%,total:0%"``, ``{"ffn": 5, "total": 0}``), the parts not named held to ``*`` or else 0.
+
+    Raises:
+        ValueError: naming what is wrong and the form expected.
+    """
+    if isinstance(value, str) and ":" not in value:
+        value = value.strip().rstrip("%").strip()
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{_INCREASE_FORM}, got {value!r}") from None
+    if isinstance(value, str):
+        pairs = [item.partition(":") for item in value.split(",") if item.strip()]
+        value = {part.strip(): percent.strip().rstrip("%") for part, _, percent in pairs}
+    if isinstance(value, dict):
+        unknown = [part for part in value if part not in INCREASE_PARTS]
+        if unknown or not value:
+            raise ValueError(f"per-part increase limits name {', '.join(map(repr, unknown)) or 'no part'}; the "
+                             f"parts are {', '.join(INCREASE_PARTS)}")
+        limits = {}
+        for part, percent in value.items():
+            limits[part] = parse_increase(percent)
+        return limits  # type: ignore[return-value]
     if not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type,operator]
-        raise MarkerError(f"{name} must be a finite percentage >= 0 such as 2.5, got {value!r}")
+        raise ValueError(f"{_INCREASE_FORM}, got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def increase_for(allowed: float | Mapping[str, float], part: str) -> float:
+    """The increase *allowed* lets *part* grow by, in percent."""
+    return float(allowed.get(part, allowed.get("*", 0.0)) if isinstance(allowed, Mapping) else allowed)
+
+
+def _increase(name: str, value: object) -> float | dict[str, float]:
+    try:
+        return parse_increase(value)
+    except ValueError as exc:
+        raise MarkerError(f"{name}: {exc}") from None
 
 
 def _tokens(name: str, value: object) -> float:

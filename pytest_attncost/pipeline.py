@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from . import cache, counting, families, inputs, one_run
+from . import cache, counting, families, inferred, inputs, one_run
 from . import parts as parts_mod
 from . import roles as roles_mod
 from .counting import Counted, Options
@@ -118,6 +118,7 @@ class Setup:
     containers: list[str]
     experts: Any
     rows: dict[Any, dict[str, tuple[str, int, str]]] = dataclasses.field(default_factory=dict)
+    spec_note: str | None = None  # why the model's config gives no spec (None: it has no config to say)
 
     @functools.cached_property
     def sizes(self) -> dict[str, tuple[str, int]]:
@@ -148,7 +149,7 @@ class Setup:
             bidirectional=frozenset(name for name, said in declared.items() if not said) if causal else frozenset(),
             containers=[name for name, module in twin.named_modules()
                         if isinstance(module, (nn.ModuleList, nn.Sequential))] + counting.shell_containers(twin),
-            experts=families.experts_of(twin),
+            experts=families.experts_of(twin), spec_note=spec_note,
         )
 
 
@@ -224,6 +225,11 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
             [twin.get_submodule(a) if a else twin for a in structure.attention.get(layer, ()) if a != layer], spec)
         if gated is not None and gated != spec.gated:
             spec = dataclasses.replace(spec, gated=gated)
+    if (spec is None and spec_read and structure is not None and setup.spec_note is None
+            and setup.options.mode == "forward" and setup.local is None):
+        spec = inferred.infer_spec(raw.records, structure)  # a model of one's own: the trace shows its shape
+        if spec is not None:
+            notes.append(inferred.INFERRED_NOTE.format(spec=inferred.spec_keywords(spec)))
     if structure is not None and structure.bare and spec is not None and spec_read:
         # a hybrid stack: the formulas put attention in every one of the config's layers
         notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))

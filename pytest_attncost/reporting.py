@@ -22,6 +22,7 @@ from typing import Any
 
 from . import devices
 from .formulas import ModelSpec
+from .inferred import is_inferred
 from .markers import threshold_notes
 from .result import PARTS, Profile, versions
 from .series import Sweep, SweepError
@@ -180,6 +181,7 @@ def _has_crosscheck(rows: Sequence[Row]) -> bool:
     return any(row.crosscheck is not None for row in rows)
 
 
+VERDICT_LEGEND = "verdict: ok (its bounds held), FAIL (one broke), - (nothing bounded it)"
 WARNINGS_HEADER = "warnings (these numbers may be wrong; --attncost-strict fails them)"
 TIME_HEADER = "measured time beside the MACs (reported, never gated by a baseline)"
 
@@ -272,7 +274,8 @@ def threshold_lines(rows: Sequence[Row]) -> list[str]:
         if spec is not None and (spec, mode) not in seen:
             first, second = threshold_notes(row.profile)
             label = ", a decode step (n: the context of its new token)" if mode == "decode" else ""
-            seen[(spec, mode)] = f"{row.profile.name} ({_spec_text(spec)}{label}): {first}; {second}"
+            inferred = "inferred: " if is_inferred(row.profile.notes) else ""
+            seen[(spec, mode)] = f"{row.profile.name} ({inferred}{_spec_text(spec)}{label}): {first}; {second}"
     return list(seen.values())
 
 
@@ -388,14 +391,28 @@ def sweep_lines(sweeps: Sequence[SweepRow]) -> list[str]:
     return lines
 
 
-def sections(rows: Sequence[Row], sweeps: Sequence[SweepRow] = ()) -> list[Section]:
-    """Everything under the table, in order; empty sections are left out. Rows must be sorted."""
+def skipped_line(rows: Sequence[Row]) -> list[str]:
+    """The skipped ops in one line: how many kinds in how many profiles, the matrix products among them named
+    (they are MACs missing from the counts); ``--attncost-report-full`` lists them per model."""
+    kinds = {op for row in rows for op in row.profile.unsupported_ops}
+    if not kinds:
+        return []
+    matmuls = sorted({op.removeprefix("aten::") for row in rows for op in row.profile.skipped_matmul_ops})
+    profiles = sum(1 for row in rows if row.profile.unsupported_ops)
+    products = f"; MATMUL, not counted: {', '.join(matmuls)}" if matmuls else "; none multiplies matrices"
+    return [f"{len(kinds)} kinds of op in {profiles} profile{'s' if profiles > 1 else ''}{products} "
+            "(--attncost-report-full lists them)"]
+
+
+def sections(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), full: bool = True) -> list[Section]:
+    """Everything under the table, in order; empty sections are left out. Rows must be sorted. Without *full*,
+    the skipped ops are one line."""
     plots = {i: [p for p in row.plots if p.endswith(".png")] for i, row in enumerate(sweeps)}
     found = [
         Section("thresholds (per layer, from the formula)", threshold_lines(rows)),
         Section("sweeps (thresholds solved exactly from the measured counts)", sweep_lines(sweeps),
                 {i: paths for i, paths in plots.items() if paths}),
-        Section("ops fvcore skipped (not in the counts; elementwise ops are expected here)", unsupported_lines(rows)),
+        Section("ops fvcore skipped (not in the counts; elementwise ops are expected here)", unsupported_lines(rows) if full else skipped_line(rows)),
         Section("KV cache of the decode steps (n = tokens already in the cache)", kv_cache_lines(rows)),
         Section("memory (estimated on fake tensors with CPU kernels; see docs/memory.md)",
                 [f"{row.where}: {row.profile.memory.summary()}" for row in rows if row.profile.memory is not None]),
@@ -426,12 +443,21 @@ def _middle_cut(text: str, width: int) -> str:
     return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2) :]
 
 
+def _end_cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
 def _cut_id(text: str, width: int) -> str:
-    """A test id cut in the middle of its name, its parameter id (``[n=512]``, what tells rows apart) whole."""
+    """A test id cut at the end of its name (where names of one file differ least), its parameter id
+    (``[n=512]``, what tells rows apart) whole; a parameter id too long for that is cut at its end too."""
     name, bracket, param = text.partition("[")
-    if len(text) <= width or not bracket or len(param) + 1 > width // 2:
-        return _middle_cut(text, width)
-    return _middle_cut(name, width - len(param) - 1) + "[" + param
+    if len(text) <= width:
+        return text
+    if not bracket:
+        return _end_cut(text, width)
+    if len(param) + 1 > width - 5:  # keep four characters of the name and the ellipsis
+        return _end_cut(name, 5) + "[" + _end_cut(param[:-1], width - 7) + "]"
+    return _end_cut(name, width - len(param) - 1) + "[" + param
 
 
 def _cut_name(text: str, width: int) -> str:
@@ -446,9 +472,11 @@ def _cut_name(text: str, width: int) -> str:
 def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
     """Fit the table to *width*: shorter test ids, then fewer columns, then ids and names cut in the middle.
 
-    Columns go least essential first (other, linear saving, quadratic share, a batch of 1), then
-    the ids are cut to 32 characters, then the counts go (FFN, attention, deviation, total);
-    the test, model, n, attention share and verdict always stay.
+    Columns go least essential first (other, linear saving, quadratic share, the cross-check's
+    agreement, which has its own section, a batch of 1), then the ids are cut to 32 characters,
+    then the deviation and the parts' counts go (FFN, attention), then names and ids are cut
+    further, then the attention share; the total is the last column to go (with the baseline's
+    cell). The test, model, n and verdict always stay.
     """
     def total(h: list[str], b: list[list[str]]) -> int:
         return sum(max(len(x), *(len(r[i]) for r in b)) for i, x in enumerate(h)) + 2 * (len(h) - 1)
@@ -478,13 +506,15 @@ def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[st
         # one file, or test names that say which test they are on their own: drop the file part
         if len(files) == 1 or len(set(names)) == len({r[0] for r in body}):
             body = [[name, *r[1:]] for name, r in zip(names, body)]
-    drop(("other", "lin. saving", "quad share", "batch"))
+    drop(("other", "lin. saving", "quad share", "agree", "batch"))
     cut(0, 32)
     cut(1, 20)
-    drop(("FFN", "attention", "deviation", "total"))
+    drop(("deviation", "FFN", "attention"))
     cut(1, 14)
     cut(0, 16)
+    drop(("attn share",))
     cut(0, 8)
+    drop(("vs baseline", "total"))
     return headers, body
 
 
@@ -521,8 +551,9 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[SweepRow],
             headers, body = _fit(headers, body, width)
     lines = table(headers, body)
     lines.append(f"counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 1e9); "
-                 "shares are of attention + FFN; deviation is the largest relative difference from the formula")
-    for section in sections(rows, sweeps):
+                 "shares are of attention + FFN; deviation is the largest relative difference from the formula; "
+                 f"{VERDICT_LEGEND}")
+    for section in sections(rows, sweeps, full):
         lines += ["", section.title + ":", *(f"  {line}" for line in section.lines)]
         plotted = [path for paths in section.images.values() for path in paths]
         if plotted:

@@ -19,7 +19,7 @@ from .footprint import Memory
 from .formulas import Costs, ModelSpec, relative_deviation
 from .ops import MATMUL_LIKE_UNSUPPORTED
 from .units import format_count, format_seconds, table
-from .errors import hidden
+from .errors import CheckFailed, hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
@@ -238,11 +238,32 @@ class Profile:
         """Unsupported ops that multiply matrices: their MACs are missing from the count."""
         return {op: c for op, c in self.unsupported_ops.items() if op in MATMUL_LIKE_UNSUPPORTED}
 
-    def conventions(self, vocab: int = 0, causal: bool = False) -> list[Convention]:
+    @property
+    def head_vocab(self) -> int:
+        """The vocabulary of the model's output head, read from its modules (0: none): the widest module outside the
+        layers that holds a ``V x D`` matrix (and its bias) and ran it on every token, ``b·n·V·D`` MACs. A profile
+        read back from JSON has no module table: 0, so pass ``vocab=`` to :meth:`conventions` there."""
+        if self.spec is None:
+            return 0
+        tokens, width = self.batch * self.n, self.spec.hidden
+        found = [vocab for name, (_, size, role) in self.modules.items() if role == "other"
+                 for vocab in {size // width, size // (width + 1)}  # a V x D matrix, without its bias or with it
+                 if vocab and size in (vocab * width, vocab * (width + 1))
+                 and self.by_module.get(name) == tokens * vocab * width]
+        return max(found, default=0)
+
+    def conventions(self, vocab: int | None = None, causal: bool = False) -> list[Convention]:
         """This forward pass in the published FLOP conventions (PaLM, Megatron-LM, Kaplan, Chinchilla, Hugging
-        Face), each with the terms in which it differs from the exact count of the layers; see
-        :mod:`pytest_attncost.conventions`. *vocab*: the output head's vocabulary (0: no head); *causal*: the
-        self-attention is causal (the conventions that halve it do).
+        Face, FlashAttention), each with the terms in which it differs from the exact count of the layers; see
+        :mod:`pytest_attncost.conventions`.
+
+        Args:
+            vocab: the output head's vocabulary; None (the default) reads it from the model's head
+                (:attr:`head_vocab`, 0 for a model without one); 0 leaves the head out.
+            causal: the self-attention is causal (the conventions that halve it do).
+
+        Returns:
+            One per convention, in the order above.
 
         Raises:
             ValueError: no spec (the conventions need the shape), or not a forward pass.
@@ -250,7 +271,8 @@ class Profile:
         if self.spec is None or self.mode != "forward":
             raise ValueError(f"{self.name}: the conventions need a forward profile with a spec (mode {self.mode!r}, "
                              f"spec {'known' if self.spec else 'unknown'}); pass spec=ModelSpec(...) to profile()")
-        return conventions(self.spec, self.n, self.batch, vocab=vocab, causal=causal)
+        return conventions(self.spec, self.n, self.batch, vocab=self.head_vocab if vocab is None else vocab,
+                           causal=causal)
 
     def audit(self, formula: Formula | Callable[..., float]) -> Audit:
         """Set a FLOPs formula (a :class:`~pytest_attncost.conventions.Formula`, or a function ``n -> FLOPs`` or
@@ -289,11 +311,12 @@ class Profile:
         """Assert that each measured part is within *rtol* of the formula.
 
         Raises:
-            AssertionError: with a small measured-vs-formula table.
+            CheckFailed: an AssertionError, with a small measured-vs-formula table (pytest locates it at
+                the caller's line).
         """
         expected = self.formula
         if expected is None:
-            raise AssertionError(
+            raise CheckFailed(
                 f"{self.name}: no formula to compare with (unknown shape); pass spec=ModelSpec(...) to profile()"
             )
         body = []
@@ -306,7 +329,7 @@ class Profile:
         if bad:
             step = f" (decode step of {self.new_tokens or 1})" if self.mode == "decode" else ""
             header = f"{self.name} at n={self.n}{step}, batch={self.batch} deviates from the formula by more than {rtol:.2%} (MACs):"
-            raise AssertionError("\n".join([header, *table(["part", "measured", "formula", "deviation", ""], body,
+            raise CheckFailed("\n".join([header, *table(["part", "measured", "formula", "deviation", ""], body,
                                                            right=(1, 2, 3), rule=False)]))
 
     def to_dict(self) -> dict[str, Any]:

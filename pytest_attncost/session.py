@@ -13,6 +13,7 @@ import functools
 
 import json
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,7 +172,40 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
                         timing=timing.to_dict() if timing is not None else None))
         prefix = f"{result.name}: " if len(profiles) > 1 else ""
         problems += [prefix + p for p in found]
+    if any(row.vs_baseline not in (None, "new") and any("over the baseline" in p for p in row.problems)
+           for row in rows):
+        problems.append(accept_line(item, settings))
     return rows, problems
+
+
+ACCEPT = "an intended change? accept it: pytest {test} --attncost-save={path}"
+
+
+def accept_line(item: pytest.Item, settings: Settings) -> str:
+    """The command that records this test's profiles as the new baseline (the failure's last line)."""
+    path = settings.compare_path
+    assert path is not None
+    try:
+        shown = os.path.relpath(path, item.config.invocation_params.dir)
+    except ValueError:  # another drive (Windows)
+        shown = str(path)
+    return ACCEPT.format(test=shlex.quote(item.nodeid), path=shlex.quote(shown))
+
+
+def sweep_verdicts(rows: list[Row], judged: list[tuple[Sweep, list[str]]], bounded: bool) -> list[Row]:
+    """Each row's verdict as the sweeps that hold its profile judged it too: ``FAIL`` on every row of a sweep
+    whose crossover bound broke (the test failed on them), ``ok`` on a row a passed sweep bound checked."""
+    if not bounded:
+        return rows
+    judged_rows = []
+    for row in rows:
+        verdicts = [bool(found) for made, found in judged if any(row.profile is p or row.profile == p for p in made)]
+        if any(verdicts):
+            row = row.replace(verdict="FAIL")
+        elif verdicts and row.verdict == "-":
+            row = row.replace(verdict="ok")
+        judged_rows.append(row)
+    return judged_rows
 
 
 class AttncostCheckError(AssertionError):
@@ -200,6 +234,9 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
     """
     if CHECKED_KEY in item.stash:
         return item.stash[CHECKED_KEY]
+    if item.config.stash[SETTINGS_KEY].disabled:  # --attncost-disable: the marker is a no-op
+        item.stash[PROPERTIES_KEY], item.stash[CHECKED_KEY] = [], []
+        return []
     problems: list[str] = []
     properties: list[tuple[str, object]] = []
     bounds = current_bounds(item)
@@ -212,17 +249,17 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
             problems += timed
             if timed:
                 rows = [row.replace(problems=(*row.problems, *timed), verdict="FAIL") for row in rows]
+        sweeps = item.stash.get(SWEEPS_KEY, [])
+        judged = [(made, check_sweep(bounds, made) if bounds is not None else []) for made in sweeps]
+        rows = sweep_verdicts(rows, judged, bool(bounds is not None and bounds.has_sweep_bounds))
+        problems += [problem for _, found in judged for problem in found]
         if not body_passed:
             problems = []
             rows = [row.replace(problems=(), verdict="-") for row in rows]
         # JSON strings, so --junitxml shows JSON and xdist ships plain text
         properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
-        sweeps = item.stash.get(SWEEPS_KEY, [])
-        for made in sweeps:
-            found = check_sweep(bounds, made) if bounds is not None else []
-            problems += found
-            properties.append((SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
-                                                          sort_keys=True, allow_nan=False)))
+        properties += [(SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
+                                                   sort_keys=True, allow_nan=False)) for made, found in judged]
         if not body_passed:
             problems = []
         elif bounds is not None and not rows:
@@ -287,6 +324,8 @@ def _ours(value: object) -> dict[str, Any] | None:
     return None
 
 
+DISABLED = ("attncost: disabled (--attncost-disable): the @pytest.mark.attncost checks were not run, and no report "
+            "or file was written")
 FILE_ERROR = "attncost: could not write the {what} ({path}): {reason}; the other reports were written"
 PRUNE_SKIPPED = ("attncost: --attncost-save-prune pruned nothing: {why}; entries of tests this run did not see "
                  "were kept (prune after a complete run)")
@@ -427,7 +466,7 @@ class AttncostSession:
         written ends the session as pytest's interrupted one (exit 2): that file keeps its old content or
         holds the new one whole, and the others are written.
         """
-        if is_worker(self.config):
+        if is_worker(self.config) or self.settings.disabled:
             return
         self.session = session
         rows = self.final_rows()
@@ -495,7 +534,7 @@ class AttncostSession:
         path = self.settings.save_path
         assert path is not None
         try:
-            self.saved = str(save(path, rows, prune, self.settings.lock_timeout))
+            self.saved = str(save(path, rows, prune, self.settings.lock_timeout, self.settings.save_tree))
         except KeyboardInterrupt:
             self._stopped(f"baseline ({path})")
         except (BaselineError, files.Refused) as exc:
@@ -517,6 +556,9 @@ class AttncostSession:
             terminalreporter.write_sep("!", f"Interrupted: {self.interrupted}", red=True)
 
     def _summary(self, terminalreporter: Any) -> None:
+        if self.settings.disabled:
+            terminalreporter.write_line(DISABLED)
+            return
         if self.saved is not None:
             terminalreporter.write_line(self.saved)
         self._baseline_summary(terminalreporter)

@@ -13,6 +13,7 @@ import pytest
 
 from . import files
 from .baseline import is_baseline
+from .markers import parse_increase
 from .plots import require_matplotlib
 from .reporting import EXPORTS
 from .units import UNITS
@@ -28,9 +29,14 @@ _REPORT_FULL_HELP = ("Print the attncost table with every column and full test i
 _UNIT_HELP = "Unit of the counts in reports: mac (default) or flop (1 MAC = 2 FLOP)."
 _STRICT_HELP = ("Fail a test whose profile skipped a matrix-multiplying op, fell back to the torch backend, "
                 "or carries a warning (a split that cannot be trusted).")
+_DISABLE_HELP = ("Turn the attncost markers into no-ops: no bound, baseline or audit is checked, no report or file is "
+                 "written; the tests run as plain tests (the fixture still counts).")
+_EXPORT_INI_HELP = "Dashboard exports, one FORMAT:PATH a line (as --attncost-export)."
 _JSON_HELP = "Write every profile of the session to this JSON file (versioned schema)."
 _MARKDOWN_HELP = "Write the report as a Markdown table to this file."
 _SAVE_HELP = "Save every profile of the run to this JSON baseline (merged with what it holds)."
+_SAVE_TREE_HELP = ("With --attncost-save: keep each profile's per-module tree (by_module) in the baseline; left out by "
+                   "default, since the gate compares the parts and the tree makes every diff noisy.")
 _PRUNE_HELP = "With --attncost-save: drop baseline entries of tests this run did not see."
 _COMPARE_HELP = "Compare every profile with this JSON baseline; a regression fails its test."
 _INCREASE_HELP = "Allowed growth over the baseline, in percent (default 0: any increase fails)."
@@ -64,7 +70,7 @@ class Settings:
     save_path: Path | None = None
     save_prune: bool = False
     compare_path: Path | None = None
-    max_increase: float = 0.0
+    max_increase: float | dict[str, float] = 0.0  # percent, or per part
     compare_strict: bool = False
     plot_dir: Path | None = None
     backend: str = "fvcore"
@@ -72,6 +78,8 @@ class Settings:
     cache: bool = True
     lock_timeout: float = 60.0  # seconds
     replace_baseline: bool = False  # a report may replace a file that holds a saved baseline
+    disabled: bool = False  # --attncost-disable: the markers check nothing
+    save_tree: bool = False  # --attncost-save-tree: baselines keep the per-module tree
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -86,14 +94,16 @@ class Settings:
                 raise pytest.UsageError(
                     f"attncost_unit = {unit!r} in the ini file: expected one of {', '.join(UNITS)}"
                 )
-        json_path = _report_path(config, "attncost_json", "--attncost-json")
-        markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown")
+        json_path = _report_path(config, "attncost_json", "--attncost-json", ini="attncost_json")
+        markdown_path = _report_path(config, "attncost_markdown", "--attncost-markdown", ini="attncost_markdown")
         save_path = _report_path(config, "attncost_save", "--attncost-save", ini="attncost_save", what="baseline")
         compare_path = _path_value(config, "attncost_compare", "attncost_compare")
-        exports = tuple(_export(config, value) for value in config.getoption("attncost_export") or ())
+        given = config.getoption("attncost_export")
+        exports = tuple(_export(config, value, Path(config.invocation_params.dir if given else config.rootpath))
+                        for value in given or [line.strip() for line in config.getini("attncost_export") if line.strip()])
         reports = {"--attncost-json": json_path, "--attncost-markdown": markdown_path,
                    **{f"--attncost-export={kind}": path for kind, path in exports}}
-        full = bool(config.getoption("attncost_report_full"))
+        full = flag("attncost_report_full", "attncost_report_full")
         report = full or flag("attncost_report", "attncost_report")
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary and (report or markdown_path is not None):  # the step summary is appended to
@@ -103,7 +113,12 @@ class Settings:
         plot_dir = _plot_dir(config)
         if config.getoption("attncost_save_prune") and save_path is None:
             raise pytest.UsageError("--attncost-save-prune needs --attncost-save=PATH")
+        disabled = flag("attncost_disable", "attncost_disable")
+        if disabled and (save_path or compare_path):
+            raise pytest.UsageError("--attncost-disable turns the attncost checks off, so --attncost-save and "
+                                    "--attncost-compare have nothing to work on: drop one or the other")
         return cls(
+            disabled=disabled,
             report=report,
             report_full=full,
             unit=unit,
@@ -113,8 +128,9 @@ class Settings:
             exports=exports,
             save_path=save_path,
             save_prune=bool(config.getoption("attncost_save_prune")),
+            save_tree=flag("attncost_save_tree", "attncost_save_tree"),
             compare_path=compare_path,
-            max_increase=_number(config, "attncost_max_increase", _percent, "0", "a percentage such as 2.5"),
+            max_increase=_increase(config),
             compare_strict=flag("attncost_compare_strict", "attncost_compare_strict"),
             plot_dir=plot_dir,
             backend=_backend(config),
@@ -125,12 +141,12 @@ class Settings:
         )
 
 
-def _export(config: pytest.Config, value: str) -> tuple[str, Path]:
+def _export(config: pytest.Config, value: str, base: Path) -> tuple[str, Path]:
     kind, _, path = value.partition(":")
     if kind not in EXPORTS or not path:
         raise pytest.UsageError(f"--attncost-export={value}: expected FORMAT:PATH with FORMAT one of "
                                 f"{', '.join(EXPORTS)}, e.g. --attncost-export=bencher:attncost-bmf.json")
-    return kind, _checked(Path(config.invocation_params.dir) / path, "--attncost-export", value)
+    return kind, _checked(base / path, "--attncost-export", value)
 
 
 def _number(config: pytest.Config, dest: str, parse: Callable[[str], float], default: str, expected: str) -> float:
@@ -143,6 +159,18 @@ def _number(config: pytest.Config, dest: str, parse: Callable[[str], float], def
         return parse(text)
     except ValueError:
         raise pytest.UsageError(f"{dest} = {text!r} in the ini file: expected {expected}") from None
+
+
+def _increase(config: pytest.Config) -> float | dict[str, float]:
+    """--attncost-max-increase, else its ini twin: percent for every part, or per part (ffn:5%,total:0%)."""
+    value = config.getoption("attncost_max_increase")
+    if value is not None:
+        return value  # type: ignore[no-any-return]
+    text = str(config.getini("attncost_max_increase")).strip() or "0"
+    try:
+        return parse_increase(text)
+    except ValueError as exc:
+        raise pytest.UsageError(f"attncost_max_increase = {text!r} in the ini file: {exc}") from None
 
 
 def _distinct(named: dict[str, Path | None]) -> None:
@@ -185,7 +213,7 @@ def _not_a_baseline(config: pytest.Config, named: dict[str, Path | None]) -> Non
 
 def _plot_dir(config: pytest.Config) -> Path | None:
     """--attncost-plot, checked before any test runs: a directory that can be written, and matplotlib."""
-    plot_dir = _path_value(config, "attncost_plot", None)
+    plot_dir = _path_value(config, "attncost_plot", "attncost_plot")
     if plot_dir is None:
         return None
     planted = files.planted_link(plot_dir)  # the plots' own files are checked as they are written
@@ -225,18 +253,11 @@ def _path_value(config: pytest.Config, dest: str, ini: str | None) -> Path | Non
     return path if path.is_absolute() else Path(config.invocation_params.dir) / path
 
 
-def _percent(text: str) -> float:
-    value = float(text.strip().rstrip("%"))
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _percent_arg(text: str) -> float:
+def _percent_arg(text: str) -> float | dict[str, float]:
     try:
-        return _percent(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}") from None
+        return parse_increase(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:
@@ -307,13 +328,15 @@ def add_options(parser: pytest.Parser) -> None:
     # default=None, not False: "not given" must be told apart so the ini twin is consulted.
     group.addoption("--attncost-report", action="store_true", default=None, help=_REPORT_HELP)
     group.addoption("--attncost-unit", metavar="UNIT", type=_unit_arg, default=None, help=_UNIT_HELP)
-    group.addoption("--attncost-report-full", action="store_true", default=False, help=_REPORT_FULL_HELP)
+    group.addoption("--attncost-report-full", action="store_true", default=None, help=_REPORT_FULL_HELP)
+    group.addoption("--attncost-disable", action="store_true", default=None, help=_DISABLE_HELP)
     group.addoption("--attncost-strict", action="store_true", default=None, help=_STRICT_HELP)
     group.addoption("--attncost-json", metavar="PATH", default=None, help=_JSON_HELP)
     group.addoption("--attncost-markdown", metavar="PATH", default=None, help=_MARKDOWN_HELP)
     group.addoption("--attncost-export", metavar="FORMAT:PATH", action="append", default=None, help=_EXPORT_HELP)
     group.addoption("--attncost-save", metavar="PATH", default=None, help=_SAVE_HELP)
     group.addoption("--attncost-save-prune", action="store_true", default=False, help=_PRUNE_HELP)
+    group.addoption("--attncost-save-tree", action="store_true", default=None, help=_SAVE_TREE_HELP)
     group.addoption("--attncost-compare", metavar="PATH", default=None, help=_COMPARE_HELP)
     group.addoption("--attncost-max-increase", metavar="PCT", type=_percent_arg, default=None, help=_INCREASE_HELP)
     group.addoption("--attncost-lock-timeout", metavar="SECONDS", type=_seconds_arg, default=None,
@@ -328,7 +351,14 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("attncost_backend", _BACKEND_HELP, default="fvcore")
     parser.addini("attncost_crosscheck", _CROSSCHECK_HELP, type="bool", default=False)
     parser.addini("attncost_report", _REPORT_HELP, type="bool", default=False)
+    parser.addini("attncost_report_full", _REPORT_FULL_HELP, type="bool", default=False)
+    parser.addini("attncost_disable", _DISABLE_HELP, type="bool", default=False)
+    parser.addini("attncost_json", _JSON_HELP, default="")
+    parser.addini("attncost_markdown", _MARKDOWN_HELP, default="")
+    parser.addini("attncost_export", _EXPORT_INI_HELP, type="linelist", default=[])
+    parser.addini("attncost_plot", _PLOT_HELP, default="")
     parser.addini("attncost_save", _SAVE_HELP, default="")
+    parser.addini("attncost_save_tree", _SAVE_TREE_HELP, type="bool", default=False)
     parser.addini("attncost_compare", _COMPARE_HELP, default="")
     parser.addini("attncost_max_increase", _INCREASE_HELP, default="0")
     parser.addini("attncost_lock_timeout", _LOCK_TIMEOUT_HELP, default="60")

@@ -49,7 +49,7 @@ def parse_count(value: object) -> Fraction:
             ``"90 GFLOP"`` is 45e9 MACs too.
 
     Returns:
-        The count in MACs (a Fraction: ``"3 FLOP"`` is 3/2 MAC).
+        The count in MACs (``"3 FLOP"`` is 3/2 MAC).
 
     Raises:
         UnitError: the value is not a non-negative finite count.

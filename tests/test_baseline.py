@@ -51,6 +51,7 @@ def test_grown_model_fails_exactly_its_test(suite, monkeypatch):
         "  attention_proj 16,777,216 → 25,165,824 MAC (+50.0%) over the baseline (max_increase 0%)",
         "  ffn 33,554,432 → 50,331,648 MAC (+50.0%) over the baseline (max_increase 0%)",
         "  other 425,984 → 589,824 MAC (+38.5%) over the baseline (max_increase 0%)",
+        "  an intended change? accept it: pytest test_suite.py::test_bert --attncost-save=base.json",
         "FAILED test_suite.py::test_bert*",
     ])
     result.stdout.no_fnmatch_line("FAILED test_suite.py::test_encoder*")
@@ -71,6 +72,43 @@ def test_marker_max_increase_overrides(suite, monkeypatch):
     suite.makepyfile(test_suite=SUITE.replace("@pytest.mark.attncost(n=128)",
                                               "@pytest.mark.attncost(n=128, max_increase=55)"))
     suite.runpytest("--attncost-compare=base.json").assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize(("limits", "outcome"), [("ffn:55%,*:60", "passed"), ("ffn:55,total:50", "failed"),
+                                                 ("other:40%,*:51%", "passed")])
+def test_per_part_increase_limits(suite, monkeypatch, limits, outcome):
+    # one layer more: the layers' parts grow by 50.0%, the total by 49.9%, other by 38.5%; a part not named is
+    # held to '*', else 0
+    suite.runpytest("--attncost-save=base.json")
+    monkeypatch.setenv("BERT_LAYERS", "3")
+    result = suite.runpytest("--attncost-compare=base.json", f"--attncost-max-increase={limits}", "-k", "bert")
+    result.assert_outcomes(**{outcome: 1})
+    if outcome == "failed":  # ffn within its 55%, the total within 50%; the cores are held to 0
+        result.stdout.fnmatch_lines(["  attention_core * (+50.0%) over the baseline (max_increase 0%)"])
+        result.stdout.no_fnmatch_line("  ffn * over the baseline*")
+    marked = SUITE.replace("@pytest.mark.attncost(n=128)", f"@pytest.mark.attncost(n=128, max_increase={limits!r})")
+    suite.makepyfile(test_suite=marked)
+    suite.runpytest("--attncost-compare=base.json", "-k", "bert").assert_outcomes(**{outcome: 1})
+
+
+def test_the_per_module_tree_is_kept_only_when_asked(suite):
+    suite.runpytest("--attncost-save=base.json").assert_outcomes(passed=2)
+    lean = json.loads((suite.path / "base.json").read_text())["profiles"]
+    assert lean and all("by_module" not in entry and entry["total"] > 0 for entry in lean)
+    suite.runpytest("--attncost-save=tree.json", "--attncost-save-tree").assert_outcomes(passed=2)
+    full = json.loads((suite.path / "tree.json").read_text())["profiles"]
+    assert all(entry["by_module"][""] == entry["total"] for entry in full)  # the root holds every MAC
+    assert len((suite.path / "tree.json").read_text()) > len((suite.path / "base.json").read_text()) * 3 // 2
+    suite.runpytest("--attncost-compare=base.json").assert_outcomes(passed=2)  # the gate needs no tree
+
+
+def test_vs_baseline_shows_the_part_that_moved_most():
+    before = {"total": 1000, "attention_core": 100, "attention_proj": 200, "ffn": 600, "other": 100}
+    now = {**before, "total": 1030, "ffn": 630}
+    assert baseline_mod.compare(before, now, 10.0) == ([], "+3.00% (ffn +5.00%)")
+    shifted = {**before, "attention_core": 150, "ffn": 550}  # the total unchanged, two parts moved
+    assert baseline_mod.compare(before, shifted, 100.0)[1] == "= (attention_core +50.00%)"
+    assert baseline_mod.compare(before, before, 0.0) == ([], "=")
 
 
 def test_decrease_is_reported_not_failed(suite, monkeypatch):
@@ -174,7 +212,7 @@ def test_missing_and_conflicting_options(suite):
     result.stderr.fnmatch_lines(["*--attncost-save=*b.json and --attncost-compare=*b.json name the same file*"])
     result = suite.runpytest("--attncost-max-increase=lots")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--attncost-max-increase: expected a percentage >= 0 such as 2.5, got 'lots'*"])
+    result.stderr.fnmatch_lines(["*--attncost-max-increase: expected a percentage >= 0 such as 2.5, or per part such as ffn:5%,total:0%, got 'lots'*"])
 
 
 def test_dev_null_and_huge_baselines(tmp_path, monkeypatch):

@@ -402,3 +402,31 @@ def test_compare_keys_a_second_sequence_that_differs_from_n(tmp_path, capsys):
     assert lines[lines.index("added (1):") + 3].split()[:5] == ["t.py::test_a", "Transformer", "64", "(m", "16)"]
     assert lines[lines.index("removed (1):") + 3].split()[:5] == ["t.py::test_a", "Transformer", "64", "(m", "32)"]
     assert lines[-1] == "0 changed, 1 added, 1 removed, 1 unchanged; no part grew beyond 0%"
+
+
+def test_profile_checks_its_arguments_before_importing_torch(tmp_path):
+    # the user's module imports torch (seconds, more on a loaded machine): a bad argument is told before that
+    (tmp_path / "heavy.py").write_text("import torch\n\ndef model():\n    return torch.nn.Linear(2, 2)\n")
+    probe = ("import sys\nfrom pytest_attncost import cli\ntry:\n    cli.main(sys.argv[1:])\n"
+             "except SystemExit as exc:\n    print('exit', exc.code, 'torch' in sys.modules)\n")
+    for args, message in ((["--inputs", "no_colon"], "expected MODULE:FACTORY"),
+                          (["--inputs", "missing.py:fn"], "no file missing.py"),
+                          (["--spec", "hidden=64,heds=4"], "'heds=4' is not KEY=VALUE of a ModelSpec keyword (did you "
+                                                           "mean 'heads'?)"),
+                          (["--spec", "hidden=64,heads=4,head_dim=16,layers=0,ffn_dim=8"],
+                           "ModelSpec.layers must be a positive int, got 0")):
+        done = subprocess.run([sys.executable, "-c", probe, "profile", "heavy.py:model", "--n", "8", *args],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert done.stdout.split() == ["exit", "2", "False"], (args, done.stdout, done.stderr)
+        assert message in " ".join(done.stderr.split()), args
+
+
+def test_profile_takes_a_spec_by_keywords(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mlp.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def model():\n    return nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2)\n")
+    monkeypatch.chdir(tmp_path)
+    spec = "hidden=32,heads=4,head_dim=8,layers=2,ffn_dim=128"  # a wider FFN than the model's 64
+    assert cli.main(["profile", "mlp.py:model", "--n", "16", "--spec", spec, "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)["profiles"]
+    assert entry["spec"]["ffn_dim"] == 128 and entry["deviation"] == pytest.approx(0.5)  # |2·n·D·64 - 2·n·D·128| / 2·n·D·128

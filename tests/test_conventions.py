@@ -65,6 +65,17 @@ def test_chinchilla_names_each_of_its_terms(by_name):
     assert dict(chinchilla.differs)["the FFN as two matrices (gated: three)"] == -L * N * D * F
 
 
+def test_flash_attention_counts_the_attention_block_alone_with_the_causal_core_halved(by_name):
+    flash = by_name["FlashAttention"]
+    # 4nD² + 2n²D a layer forward, the core as n²/2: 4·N·D² + N²·D, times the layers
+    assert flash.macs == L * (4 * N * D * D + N * N * D) == 8_796_093_022_208 + 2_199_023_255_552
+    assert flash.differs == (("the FFN left out: the attention block alone", -L * 3 * N * D * F),
+                             ("causal attention halved as n²/2 (L·D·n² less)", -CORE // 2))
+    gqa = {c.name: c for c in conventions(ModelSpec(64, 4, 16, 2, 96, kv_heads=2, gated=True), 32)}["FlashAttention"]
+    assert gqa.macs == 2 * (4 * 32 * 64 * 64 + 2 * 32 * 32 * 64)  # K and V at every head: 4nD², not 2nD² + 2nDgd
+    assert dict(gqa.differs)["K and V at every query head (no grouped-query attention)"] == 2 * 32 * 2 * 64 * 32
+
+
 def test_every_conventions_terms_add_up_to_its_difference():
     for spec in (LLAMA_2_7B, ModelSpec(hidden=768, heads=12, head_dim=64, layers=12, ffn_dim=3072),
                  ModelSpec(hidden=64, heads=4, head_dim=16, layers=2, ffn_dim=96, kv_heads=2, gated=True)):
@@ -85,6 +96,10 @@ def test_a_profile_set_beside_the_conventions_is_palm_to_the_mac():
     assert layers == PALM and model.conventions()[0].macs == PALM
     with_head = profile(lambda: LlamaForCausalLM(LlamaConfig()), N)
     assert with_head.total - model.other == {c.name: c for c in with_head.conventions(vocab=V)}["Megatron-LM (2024)"].macs
+    # the head read from the model: Megatron-LM (2024) includes it without vocab=; a model without one has none
+    assert with_head.head_vocab == V and model.head_vocab == 0
+    assert {c.name: c for c in with_head.conventions()}["Megatron-LM (2024)"].macs == PALM + HEAD
+    assert {c.name: c for c in with_head.conventions(vocab=0)}["Megatron-LM (2024)"].macs == PALM
     half = profile(lambda: LlamaModel(LlamaConfig()), N, causal="half")
     today = {c.name: c for c in model.conventions(causal=True)}["Megatron-LM (today), MaxText"]
     assert half.attention + half.ffn - today.macs == L * H * Q * N  # the diagonal

@@ -372,9 +372,9 @@ from pathlib import Path
 from pytest_attncost import baseline
 
 render = baseline.render_baseline
-def slow(entries):  # widen the window between reading the baseline and replacing it
+def slow(entries, *options):  # widen the window between reading the baseline and replacing it
     time.sleep(1.5)
-    return render(entries)
+    return render(entries, *options)
 baseline.render_baseline = slow
 
 class Row:

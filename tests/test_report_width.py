@@ -26,7 +26,11 @@ def test_the_examples_report_fits(width: int) -> None:
     assert too_wide == []
     header = lines[0].split()
     # the essentials stay whatever the width
-    assert header[:3] == ["test", "model", "n"] and "share" in header and header[-1] == "verdict"
+    assert header[:3] == ["test", "model", "n"] and header[-1] == "verdict"
+    assert "total" in header  # a count stays whatever the width: the counts are the last thing dropped
+    assert "verdict: ok (its bounds held), FAIL (one broke), - (nothing bounded it)" in " ".join(" ".join(lines).split())
+    without_baseline = render_terminal([row.replace(vs_baseline=None) for row in example_rows()], width=width)
+    assert "total" in without_baseline[0] and "share" in without_baseline[0]
     if width >= 200:
         assert "deviation" in header and "total" in header and "FFN" in header  # room for the counts
 
@@ -128,3 +132,24 @@ def test_thresholds_of_a_decode_step_say_so() -> None:
 
     lines = threshold_lines([Row("t::a", profile(gpt2_like, 16)), Row("t::b", profile(gpt2_like, 16, mode="decode"))])
     assert len(lines) == 2 and "decode step" not in lines[0] and "a decode step (n: the context" in lines[1]
+
+
+def test_ids_are_cut_at_the_end_and_keep_their_parameter() -> None:
+    from pytest_attncost.reporting import _cut_id
+
+    assert _cut_id("test_article_table[1536-7247757312-7247757312]", 24) == "test…[1536-7247757312-…]"
+    assert _cut_id("test_bert_base_long_inputs[n=512]", 20) == "test_bert_ba…[n=512]"
+    assert _cut_id("test_gpt2_at_its_context_length", 16) == "test_gpt2_at_it…"
+
+
+def test_the_skipped_ops_are_one_line_unless_the_full_report_is_asked_for() -> None:
+    rows = example_rows()
+    kinds = {op for row in rows for op in row.profile.unsupported_ops}
+    short = render_terminal(rows, width=200)
+    start = short.index("ops fvcore skipped (not in the counts; elementwise ops are expected here):")
+    assert short[start + 1:start + 3] == [
+        f"  {len(kinds)} kinds of op in {sum(1 for r in rows if r.profile.unsupported_ops)} profiles; none multiplies matrices "
+        "(--attncost-report-full lists them)", ""]
+    full = render_terminal(rows, full=True)
+    start = full.index("ops fvcore skipped (not in the counts; elementwise ops are expected here):")
+    assert full.index("", start) - start > 5  # a line per model and set of ops

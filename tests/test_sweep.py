@@ -84,8 +84,14 @@ def test_sweep(attncost):
                                                       (100, 1535, "failed")])
 def test_crossover_bounds(project, low, high, outcome):
     project.makepyfile(SWEEP_SUITE.format(low=low, high=high))
-    result = project.runpytest("--attncost-report")
+    result = project.runpytest("--attncost-report", "--attncost-json=r.json")
     result.assert_outcomes(**{outcome: 1})
+    # every row the sweep bound judged says what the test's outcome says, in the table and the JSON
+    verdict = "ok" if outcome == "passed" else "FAIL"
+    rows = [line.split() for line in result.stdout.lines if line.split()[:2] == ["test_crossover_bounds.py::test_sweep", "BertModel"]]
+    assert len(rows) == 2 and [row[-1] for row in rows] == [verdict, verdict]
+    document = json.loads((project.path / "r.json").read_text())
+    assert [entry["verdict"] for entry in document["profiles"]] == [verdict, verdict]
     result.stdout.fnmatch_lines([
         "*test_sweep [[]BertModel n=[[]512, 8192[]][]]: attention = FFN at n=1,536 (formula 1,536); "
         "quadratic term = linear terms at n=4,608 (formula 4,608)",

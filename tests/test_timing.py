@@ -393,7 +393,7 @@ def test_measure_sweep_records_both_shares() -> None:
     assert data["lengths"] == [16, 64]
     assert [row["n"] for row in data["timings"]] == [16, 64]
     assert all(0 <= row["attention_time_share"] <= 1 for row in data["timings"])
-    assert data["formula_crossover_n"] is None  # a hand-written model has no spec
+    assert data["formula_crossover_n"] == 2 * 64  # a hand-written model: its spec inferred from the trace, 2hd
     # MACs: solved exactly from the profiles, (8 - 4) * 64² / (2 * 64) = 128, beyond the lengths timed
     assert data["mac_crossover_n"] == 128
 

@@ -90,3 +90,33 @@ def test_a_marker_error_is_its_message_alone(pytester):
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*test_bad: @pytest.mark.attncost: n must be a positive int, got 0"])
     assert "traceback entries are hidden" not in result.stdout.str()  # pytest.fail(pytrace=False) keeps our frames
+
+
+def test_every_plugin_failure_is_located_in_the_users_code(project: pytest.Pytester) -> None:
+    # the crash line (pytest's "file:line: Error", the short summary's and junit's location) is the user's test
+    project.makepyfile(test_checks="""
+        import pytest
+        from tiny_models import bert_like
+        from pytest_attncost import ModelSpec, profile
+
+        def test_check_formula():
+            spec = ModelSpec(hidden=128, heads=2, head_dim=64, layers=2, ffn_dim=999)
+            profile(bert_like, 16, spec=spec).check_formula(rtol=0)
+
+        @pytest.mark.attncost(n=16, total_max=1)
+        def test_marker(attncost):
+            attncost.profile(bert_like)
+
+        @pytest.mark.attncost(n=16, audit=lambda n: 5)
+        def test_audit(attncost):
+            attncost.profile(bert_like)
+    """)
+    reports = [r for r in project.inline_run().getreports("pytest_runtest_logreport") if r.failed]
+    assert sorted(r.location[2] for r in reports) == ["test_audit", "test_check_formula", "test_marker"]
+    for report in reports:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if crash is not None:  # a traceback: its crash line is the user's
+            assert crash.path.endswith("test_checks.py"), (report.location, crash.path)
+            if report.location[2] == "test_check_formula":
+                assert crash.lineno == 7  # the line that called check_formula
+        assert "pytest_attncost" + __import__("os").sep not in report.longreprtext, report.longreprtext

@@ -1,0 +1,121 @@
+"""A :class:`~pytest_attncost.formulas.ModelSpec` read from the trace, for a model no config describes.
+
+A hand-written Transformer (nanoGPT, a model of one's own) has no ``config`` to read its shape from,
+yet its count holds every figure of one: the structure (:mod:`~pytest_attncost.roles`) found its
+layers and each layer's attention call, and the products' shapes give the rest:
+
+* **heads** ``h`` and **head size** ``d`` from the core's operands (``QKᵀ`` of ``[..., h, n, d]`` by
+  ``[..., h, d, n]``, or a fused kernel's q, k, v); **K/V heads** ``g`` from the projections that feed
+  the cores, whose outputs are ``hd + 2gd`` wide together (one fused QKV or three separate);
+* **hidden size** ``D`` from the projections' inputs, **layers** ``L`` from the layers found;
+* **FFN width** ``f`` and **gating** from the FFN's products: the one back to ``D`` reads ``f``; those
+  from ``D`` write ``f`` (plain) or ``2f`` together (gated: gate and up, or one fused matrix).
+
+The spec is inferred only where every layer shows the same figures and one self-attention call; the
+profile's notes say it was inferred (:data:`INFERRED_NOTE`), and its deviation then says how far the
+count is from the formula for that shape. Where the trace does not tell (cross-attention, experts,
+low-rank projections, layers that differ), there is no spec, as before: pass ``spec=``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .errors import hidden
+from .formulas import ModelSpec
+from .ops import OpRecord
+from .roles import Structure
+
+__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+
+__all__ = ["INFERRED_NOTE", "infer_spec", "is_inferred", "spec_keywords"]
+
+INFERRED_NOTE = ("spec inferred from the trace (no config describes the model): {spec}; the formulas and the "
+                 "deviation use it; pass spec=ModelSpec(...) to set it")
+
+
+def is_inferred(notes: Sequence[str]) -> bool:
+    """Whether a profile's spec was read from its trace (its notes say so)."""
+    head = INFERRED_NOTE.split("{", 1)[0]
+    return any(note.startswith(head) for note in notes)
+
+
+def spec_keywords(spec: ModelSpec) -> str:
+    """``ModelSpec(hidden=64, heads=4, ...)``: the spec as the keywords that make it (defaults left out)."""
+    defaults = ModelSpec(1, 1, 1, 1, 0).to_dict()
+    fields = {k: v for k, v in spec.to_dict().items() if k in ("hidden", "heads", "head_dim", "layers", "ffn_dim")
+              or v != defaults[k]}
+    return f"ModelSpec({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
+
+
+def _width(record: OpRecord) -> int:
+    """The width of a product's activation operand (addmm carries its bias first)."""
+    return record.shapes[1 if record.op == "aten::addmm" else 0][-1]
+
+
+def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str,
+                   cores: tuple[int, ...]) -> tuple[int, ...] | None:
+    """(hidden, heads, head_dim, kv_heads, ffn_dim, gated) of one layer, or None where the trace does not tell."""
+    first = records[cores[0]]
+    if len(first.shapes) < 2 or len(first.shapes[0]) < 3:
+        return None
+    head_dim = first.shapes[0][-1]
+    fused = "attention" in first.op  # q, k, v of a fused kernel
+    queries, keys = (first.shapes[0][-2], first.shapes[1][-2]) if fused else first.out_shape[-2:]
+    if queries != keys:
+        return None  # not every query against every key (windows, low-rank keys): not the formulas' core
+    heads = first.shapes[0][-3] if len(first.shapes[0]) >= 4 else None
+    mine = [i for i, part in enumerate(structure.parts) if structure.layer_of(records[i].scope) == layer
+            and records[i].origin == "param" and records[i].backward_of is None]
+    core_inputs = {s for c in cores for source in records[c].sources for s in source}
+    entry = [i for i in mine if structure.parts[i] == "attention_proj" and i in core_inputs]
+    ffn = [i for i in mine if structure.parts[i] == "ffn"]
+    if not entry or not all(records[i].shapes and records[i].out_shape for i in entry + ffn):
+        return None
+    hidden = {_width(records[i]) for i in entry}
+    tokens = {records[i].shapes[1 if records[i].op == "aten::addmm" else 0][-2] for i in entry}
+    if len(hidden) != 1 or len(first.shapes[0]) >= 3 and all(len(records[i].shapes[0]) >= 3 for i in entry) \
+            and tokens != {queries}:
+        return None  # low-rank or cross projections, or cores over other rows than the tokens projected
+    width = sum(records[i].out_shape[-1] for i in entry)
+    if heads is None:
+        heads = width // (3 * head_dim) if width % (3 * head_dim) == 0 else None
+    if heads is None or fused and len(first.shapes) < 3:
+        return None  # a fused kernel names q, k and v
+    rest = width - heads * head_dim
+    if rest <= 0 or rest % (2 * head_dim):
+        return None
+    (model_width,) = hidden
+    down = [i for i in ffn if records[i].out_shape[-1] == model_width and _width(records[i]) != model_width]
+    up = [i for i in ffn if _width(records[i]) == model_width]
+    if not ffn:
+        return (model_width, heads, head_dim, rest // (2 * head_dim), 0, 0)
+    if len(down) != 1 or len(up) + 1 != len(ffn):
+        return None
+    ffn_dim = _width(records[down[0]])
+    wide = sum(records[i].out_shape[-1] for i in up)
+    if wide not in (ffn_dim, 2 * ffn_dim):
+        return None
+    return (model_width, heads, head_dim, rest // (2 * head_dim), ffn_dim, int(wide == 2 * ffn_dim))
+
+
+def infer_spec(records: Sequence[OpRecord], structure: Structure) -> ModelSpec | None:
+    """The spec every layer of the trace shows alike (one self-attention call each), or None."""
+    if not structure.layers or structure.outside or structure.experts or structure.bare:
+        return None
+    calls = {}
+    for module, cores in structure.groups:
+        layer = structure.layer_of(module)
+        if layer is None or layer in calls:
+            return None  # attention outside the layers, or two calls in one (cross-attention)
+        calls[layer] = cores
+    if set(calls) != set(structure.layers):
+        return None
+    figures = {_layer_figures(records, structure, layer, cores) for layer, cores in calls.items()}
+    if len(figures) != 1 or None in figures:
+        return None
+    (found,) = figures
+    assert found is not None
+    hidden, heads, head_dim, kv_heads, ffn_dim, gated = found
+    return ModelSpec(hidden=hidden, heads=heads, head_dim=head_dim, layers=len(structure.layers), ffn_dim=ffn_dim,
+                     kv_heads=None if kv_heads == heads else kv_heads, gated=bool(gated))
