@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -194,7 +193,7 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
             "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
             "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
         })
-        if memory_crossovers(spec) is not None:  # what a training layer keeps: fp32, CPU's float dropout masks
+        if footprint.memory_crossovers(spec) is not None:  # what a training layer keeps: fp32, CPU's float dropout masks
             rows[-1]["activation_bytes"] = footprint.activation_bytes(spec, n, batch)
     cross, quad = formulas.crossover_n(spec), formulas.quadratic_n(spec)
     return {
@@ -203,20 +202,9 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
         "unit": "MAC",
         "crossover_n": None if cross is None else float(cross),
         "quadratic_n": None if quad is None else float(quad),
-        "memory_crossover_n": memory_crossovers(spec),
+        "memory_crossover_n": footprint.memory_crossovers(spec),
         "rows": rows,
     }
-
-
-def memory_crossovers(spec: ModelSpec) -> dict[str, float] | None:
-    """Where a training layer's n×n activations pass the rest (:func:`footprint.memory_crossover_n`): fp32 with
-    CPU's float dropout masks, fp16 with CUDA's bool masks, and without dropout; None where the per-layer memory
-    formula does not describe the layer (gated FFN, experts, an FFN other than 4·hidden)."""
-    if spec.gated or spec.experts or spec.ffn_dim != 4 * spec.hidden:
-        return None
-    return {"fp32": float(footprint.memory_crossover_n(spec, p=4, mask=4)),
-            "fp16": float(footprint.memory_crossover_n(spec, p=2, mask=1)),
-            "no_dropout": float(footprint.memory_crossover_n(spec, dropout=False))}
 
 
 def decode_lengths(spec: ModelSpec) -> list[int]:
@@ -257,20 +245,9 @@ def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_
         "unit": "MAC",
         "crossover_n": None if cross is None else float(cross),
         "quadratic_n": None if quad is None else float(quad),
-        "memory_crossover_n": memory_crossovers(spec),
+        "memory_crossover_n": footprint.memory_crossovers(spec),
         "rows": rows,
     }
-
-
-def memory_crossovers(spec: ModelSpec) -> dict[str, float] | None:
-    """Where a training layer's n×n activations pass the rest (:func:`footprint.memory_crossover_n`): fp32 with
-    CPU's float dropout masks, fp16 with CUDA's bool masks, and without dropout; None where the per-layer memory
-    formula does not describe the layer (gated FFN, experts, an FFN other than 4·hidden)."""
-    if spec.gated or spec.experts or spec.ffn_dim != 4 * spec.hidden:
-        return None
-    return {"fp32": float(footprint.memory_crossover_n(spec, p=4, mask=4)),
-            "fp16": float(footprint.memory_crossover_n(spec, p=2, mask=1)),
-            "no_dropout": float(footprint.memory_crossover_n(spec, dropout=False))}
 
 
 def render_decode(data: dict[str, Any], spec: dict[str, Any]) -> str:
@@ -516,28 +493,12 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
-_SPEC_FIELDS = {field.name: field.type for field in dataclasses.fields(ModelSpec)}
-
-
 def _spec(text: str) -> ModelSpec:
-    """``--spec hidden=64,heads=4,...``: a ModelSpec from its keywords, checked as ModelSpec checks them."""
-    values: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in _SPEC_FIELDS:
-            close = difflib.get_close_matches(key, list(_SPEC_FIELDS), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; the keywords are {', '.join(_SPEC_FIELDS)}"
-            raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE of a ModelSpec keyword{hint}")
-        word = value.strip().lower()
-        words = {"true": True, "false": False, "none": None}
-        if word not in words and not word.isdigit():
-            raise argparse.ArgumentTypeError(f"{key}={value!r}: not an integer, true/false or none")
-        values[key] = words[word] if word in words else int(word)
+    """``--spec hidden=64,heads=4,...``: a ModelSpec from its keywords (:func:`formulas.parse_spec`)."""
     try:
-        return ModelSpec(**values)
-    except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+        return formulas.parse_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _check_target(target: str) -> None:

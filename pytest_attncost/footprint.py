@@ -27,7 +27,7 @@ from .errors import hidden
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["CATEGORIES", "MEMORY_MODES", "Memory", "OPTIMIZERS", "STATE_FACTORS", "activation_bytes",
-           "memory_crossover_n", "model_state_bytes"]
+           "memory_crossover_n", "memory_crossovers", "model_state_bytes"]
 
 #: What is live at the peak, by what it is.
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "inputs", "kv_cache", "saved_activations",
@@ -84,6 +84,17 @@ def memory_crossover_n(spec: ModelSpec, *, p: int = 4, mask: int = 4, dropout: b
     if not dropout:
         return Fraction(16 * spec.hidden, spec.heads)
     return Fraction(spec.hidden * (16 * p + 2 * mask), spec.heads * (2 * p + mask))
+
+
+def memory_crossovers(spec: ModelSpec) -> dict[str, float] | None:
+    """Where a training layer's n×n activations pass the rest (:func:`memory_crossover_n`): fp32 with
+    CPU's float dropout masks, fp16 with CUDA's bool masks, and without dropout; None where the per-layer memory
+    formula does not describe the layer (gated FFN, experts, an FFN other than 4·hidden)."""
+    if spec.gated or spec.experts or spec.ffn_dim != 4 * spec.hidden:
+        return None
+    return {"fp32": float(memory_crossover_n(spec, p=4, mask=4)),
+            "fp16": float(memory_crossover_n(spec, p=2, mask=1)),
+            "no_dropout": float(memory_crossover_n(spec, dropout=False))}
 
 
 def model_state_bytes(parameter_bytes: int, optimizer: str | None = "adamw", kernel: str | None = "foreach",

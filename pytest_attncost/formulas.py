@@ -21,6 +21,7 @@ measured counts are compared with.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -52,6 +53,7 @@ __all__ = [
     "linear_attention_core",
     "linear_attention_saving",
     "model_costs",
+    "parse_spec",
     "quadratic_n",
 ]
 
@@ -621,3 +623,28 @@ def generation_cost(spec: ModelSpec, prompt: int, new_tokens: int, batch: int = 
     one = decode_costs(spec, prompt, 1, batch)
     return Generation(prompt, new_tokens, batch, prefill,
                       Costs(core, one.attention_proj * steps, one.ffn * steps))
+
+
+def parse_spec(text: str) -> ModelSpec:
+    """``hidden=64,heads=4,...``: a ModelSpec from its keywords, checked as ModelSpec checks them.
+
+    Raises:
+        ValueError: an item that is no ``KEY=VALUE`` of a ModelSpec keyword, or a value ModelSpec refuses.
+    """
+    fields = [field.name for field in dataclasses.fields(ModelSpec)]
+    words: dict[str, Any] = {"true": True, "false": False, "none": None}
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key, word = key.strip().replace("-", "_"), value.strip().lower()
+        if not sep or key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; the keywords are {', '.join(fields)}"
+            raise ValueError(f"{item!r} is not KEY=VALUE of a ModelSpec keyword{hint}")
+        if word not in words and not word.isdigit():
+            raise ValueError(f"{key}={value!r}: not an integer, true/false or none")
+        values[key] = words[word] if word in words else int(word)
+    try:
+        return ModelSpec(**values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{text!r}: {exc}") from None

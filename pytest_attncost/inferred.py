@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import hidden
+from .flow import width_of
 from .formulas import ModelSpec
 from .ops import OpRecord
 from .roles import Structure
@@ -48,11 +49,6 @@ def spec_keywords(spec: ModelSpec) -> str:
     return f"ModelSpec({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
 
 
-def _width(record: OpRecord) -> int:
-    """The width of a product's activation operand (addmm carries its bias first)."""
-    return record.shapes[1 if record.op == "aten::addmm" else 0][-1]
-
-
 def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str,
                    cores: tuple[int, ...]) -> tuple[int, ...] | None:
     """(hidden, heads, head_dim, kv_heads, ffn_dim, gated) of one layer, or None where the trace does not tell."""
@@ -72,7 +68,7 @@ def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str
     ffn = [i for i in mine if structure.parts[i] == "ffn"]
     if not entry or not all(records[i].shapes and records[i].out_shape for i in entry + ffn):
         return None
-    hidden = {_width(records[i]) for i in entry}
+    hidden = {width_of(records[i]) for i in entry}
     tokens = {records[i].shapes[1 if records[i].op == "aten::addmm" else 0][-2] for i in entry}
     if len(hidden) != 1 or len(first.shapes[0]) >= 3 and all(len(records[i].shapes[0]) >= 3 for i in entry) \
             and tokens != {queries}:
@@ -86,13 +82,13 @@ def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str
     if rest <= 0 or rest % (2 * head_dim):
         return None
     (model_width,) = hidden
-    down = [i for i in ffn if records[i].out_shape[-1] == model_width and _width(records[i]) != model_width]
-    up = [i for i in ffn if _width(records[i]) == model_width]
+    down = [i for i in ffn if records[i].out_shape[-1] == model_width and width_of(records[i]) != model_width]
+    up = [i for i in ffn if width_of(records[i]) == model_width]
     if not ffn:
         return (model_width, heads, head_dim, rest // (2 * head_dim), 0, 0)
     if len(down) != 1 or len(up) + 1 != len(ffn):
         return None
-    ffn_dim = _width(records[down[0]])
+    ffn_dim = width_of(records[down[0]])
     wide = sum(records[i].out_shape[-1] for i in up)
     if wide not in (ffn_dim, 2 * ffn_dim):
         return None
@@ -101,8 +97,8 @@ def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str
 
 def infer_spec(records: Sequence[OpRecord], structure: Structure) -> ModelSpec | None:
     """The spec every layer of the trace shows alike (one self-attention call each), or None."""
-    if not structure.layers or structure.outside or structure.experts or structure.bare:
-        return None
+    if not structure.layers or structure.outside or structure.experts or structure.bare or structure.columns:
+        return None  # a product split by its columns (Flux's proj_out, a fused Q/K/V + MLP input) fits no formula
     calls = {}
     for module, cores in structure.groups:
         layer = structure.layer_of(module)

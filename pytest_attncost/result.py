@@ -335,38 +335,12 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe builtins only: the same dict feeds xdist, reports and baselines."""
         formula = self.formula
-        data = {
-            "name": self.name,
-            "n": self.n,
-            "batch": self.batch,
-            "m": self.m,
-            "layers": self.layers,
-            "total": self.total,
-            "attention": self.attention,
-            "attention_core": self.attention_core,
-            "attention_proj": self.attention_proj,
-            "ffn": self.ffn,
-            "other": self.other,
-            "attention_share": self.attention_share,
-            "quadratic_share": self.quadratic_share,
-            "deviation": self.deviation,
-            "linear_attention_saving": self.linear_attention_saving,
-            "crossover_n": self.crossover_n,
-            "quadratic_n": self.quadratic_n,
-            "spec": None if self.spec is None else self.spec.to_dict(),
-            "formula": None if formula is None else formula.to_dict(),
-            "unsupported_ops": dict(sorted(self.unsupported_ops.items())),
-            "by_module": dict(sorted(self.by_module.items())),
-            "backend": self.backend,
-            "mode": self.mode,
-            "causal": self.causal,
-            "causal_applied": self.causal_applied,
-            "fallback": self.fallback,
-            "versions": dict(sorted(self.versions.items())),
-            "ffn_router": self.ffn_router,
-            "warnings": list(self.warnings),
-            "notes": list(self.notes),
-        }
+        data: dict[str, Any] = {key: getattr(self, key) for key in _PLAIN}  # the files sort their keys
+        data.update(
+            spec=None if self.spec is None else self.spec.to_dict(),
+            formula=None if formula is None else formula.to_dict(),
+            unsupported_ops=dict(sorted(self.unsupported_ops.items())), by_module=dict(sorted(self.by_module.items())),
+            versions=dict(sorted(self.versions.items())), warnings=list(self.warnings), notes=list(self.notes))
         if self.mode == "decode":  # present only in decode profiles: prefill rows and baselines keep their form
             data["new_tokens"] = self.new_tokens
             data["kv_cache_bytes"] = self.kv_cache_bytes
@@ -397,6 +371,12 @@ class Profile:
         if kwargs.get("memory") is not None:
             kwargs["memory"] = Memory.from_dict(kwargs["memory"])
         return cls(**kwargs)
+
+
+#: What :meth:`Profile.to_dict` writes as it is (fields and properties of plain values).
+_PLAIN = ("name", "n", "batch", "m", "layers", "total", "attention", "attention_core", "attention_proj", "ffn", "other",
+          "attention_share", "quadratic_share", "deviation", "linear_attention_saving", "crossover_n", "quadratic_n",
+          "backend", "mode", "causal", "causal_applied", "fallback", "ffn_router")
 
 
 def versions() -> dict[str, str]:

@@ -489,7 +489,7 @@ def test_bad_ini_values_are_usage_errors(project):
     project.makeini("[pytest]\nattncost_max_increase = two\n")
     result = project.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*attncost_max_increase = 'two' in the ini file: expected a percentage such as 2.5*"])
+    result.stderr.fnmatch_lines(["*attncost_max_increase = 'two' in the ini file: expected a percentage >= 0 such as 2.5, or per part such as ffn:5%,total:0%*"])
 
 
 def test_prune_without_save_is_a_usage_error(project):

@@ -24,6 +24,14 @@ def split_of(profile):
     return profile.attention_core, profile.attention_proj, profile.ffn
 
 
+def mixes_warned(profile):
+    """The spec read from the trace has no talking heads: the formula's core is QK^T and AV, and says so."""
+    core = L * (2 * N * N * D + 2 * N * N * H * H)
+    return profile.warnings == (f"attention_core is {core:,} MAC but the formula gives {L * 2 * N * N * D:,} (+6.25%): "
+                                "the model does something the cost model does not describe, or a part was "
+                                "misplaced; compare Profile.by_module, pass roles= or spec=",)
+
+
 class Attention(nn.Module):
     """Q, K, V projections and sdpa, without an output projection (the block brings its own)."""
 
@@ -142,7 +150,7 @@ def test_cait_talking_heads_count_with_the_core(backend):
     profile = pa.profile(cait, n=N, inputs=tokens, backend=backend)
     core = 2 * N * N * D + 2 * (N * N * H * H)  # QK^T, AV, and the two H x H mixes over every score
     assert split_of(profile) == (L * core, L * 4 * N * D * D, L * 2 * N * D * FF)
-    assert not profile.warnings
+    assert mixes_warned(profile)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -157,7 +165,7 @@ def test_x_transformers_talking_heads_count_with_the_core(backend):
     profile = pa.profile(model, n=N, inputs=tokens, backend=backend)
     core = 2 * N * N * D + 2 * (N * N * H * H)
     assert split_of(profile) == (L * core, L * 4 * N * D * D, L * 2 * N * D * 4 * D)
-    assert not profile.warnings
+    assert mixes_warned(profile)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -174,7 +182,7 @@ def test_weight_norm_weights_are_parameters(backend):
     profile = pa.profile(model(), n=N, inputs=tokens, backend=backend)
     core = 2 * N * N * D + 2 * N * N * H * H
     assert split_of(profile) == (L * core, L * 4 * N * D * D, L * 2 * N * D * FF)
-    assert not profile.warnings
+    assert mixes_warned(profile)
 
 
 RANK = 4
