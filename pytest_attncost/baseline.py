@@ -318,17 +318,13 @@ def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: flo
     baseline is not written at all; temporaries left by killed saves are removed. *tree* keeps each entry's
     per-module tree (``by_module``), which is left out by default: the gate compares the parts only.
 
-    The lock, ``.NAME.lock`` beside the file's real path, is opened without following a link (filelock
-    >= 3.20.1 opens it ``O_NOFOLLOW``; a link there is refused first, with its target named) and stays after
-    the save: filelock's Unix lock is a flock'ed file, and removing it would let a waiter on the old file and
-    a newcomer on a new one both hold it. It is a dotfile, out of sight.
+    The lock, ``.NAME.lock`` beside the file's real path, is opened without following a link (a link there is
+    refused first, with its target named) and removed when the save is done (:func:`files.locked`).
 
     Raises:
         BaselineError: the file is read-only, the lock is a link or cannot be taken in time, or what the file
             holds now cannot be read.
     """
-    from filelock import FileLock, Timeout
-
     problem = files.unwritable(path)
     if problem is not None:
         raise BaselineError(f"baseline {problem}")
@@ -341,22 +337,20 @@ def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: flo
         problem = LOCK_LINK.format(lock=lock_path, target=os.readlink(lock_path))
     if problem is not None:
         raise BaselineError(f"baseline {path} was not saved: {problem}")
-    lock = FileLock(str(lock_path), timeout=lock_timeout)
     try:
-        lock.acquire()
-    except Timeout:
+        with files.locked(lock_path, lock_timeout):
+            existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
+            merged = merge(existing, [row.to_dict() for row in rows], prune)
+            text = render_baseline(merged, tree)
+            written = not (target.is_file() and target.read_bytes() == text.encode("utf-8"))
+            files.write(target, text)  # nothing is written when the file holds it already
+    except files.LockTimeout:
         raise BaselineError(LOCK_HELD.format(lock=lock_path, timeout=lock_timeout)) from None
     except OSError as exc:
+        if str(exc.filename) != str(lock_path):
+            raise
         reason = "it is a symbolic link, never followed" if exc.errno == errno.ELOOP else exc.strerror or exc
         raise BaselineError(LOCK_FAILED.format(lock=lock_path, reason=reason)) from None
-    try:
-        existing = load(target)[0] if target.exists() and target.stat().st_size > 0 else {}
-        merged = merge(existing, [row.to_dict() for row in rows], prune)
-        text = render_baseline(merged, tree)
-        written = not (target.is_file() and target.read_bytes() == text.encode("utf-8"))
-        files.write(target, text)  # nothing is written when the file holds it already
-    finally:
-        lock.release()
     before = {key: _clean(row, tree) for key, row in existing.items()}
     after = {entry_key(row): _clean(row, tree) for row in merged}
     return Saved(path, len(after), sum(key not in before for key in after),

@@ -22,6 +22,7 @@ import re
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from .errors import hidden
 
@@ -32,7 +33,8 @@ except ImportError:  # pragma: no cover - not on Windows
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["Refused", "TEMPORARY", "drop_temporaries", "planted_link", "read", "unwritable", "write"]
+__all__ = ["LockTimeout", "Refused", "TEMPORARY", "drop_temporaries", "locked", "planted_link", "read", "unwritable",
+           "write"]
 
 TEMPORARY = ".attncost.tmp"  # mkstemp's suffix: .NAME.<8 random characters>.attncost.tmp beside NAME
 _OURS = re.compile(rf"\..+\.[a-z0-9_]{{8}}{re.escape(TEMPORARY)}")
@@ -316,3 +318,50 @@ def read(path: Path, limit: int) -> bytes:
         if kind != "a regular file":
             raise Refused(NOT_REGULAR.format(path=path, kind=kind))
         return handle.read(limit + 1)
+
+
+class LockTimeout(OSError):
+    """The lock was still held by another process when the time ran out."""
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout: float) -> Iterator[None]:
+    """Hold an exclusive lock on *path* (created empty, opened without following a link), and remove it after.
+
+    A lock file that is removed can be locked by two processes at once, one on the removed file and one on a
+    new one, unless each checks after it got the lock that its file is still the one at *path*: this one does,
+    and tries again when it is not, so the lock leaves nothing behind (the holder removes it while it still
+    holds it). Waits up to *timeout* seconds.
+
+    Raises:
+        LockTimeout: another process held it all that time.
+        OSError: the lock cannot be created or opened (a link there: ``ELOOP``).
+    """
+    import fcntl
+
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LockTimeout(errno.EAGAIN, "held by another process", str(path)) from None
+                    time.sleep(0.05)
+            try:
+                current = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # its holder removed it while this one waited: take the new one
+            if (current.st_dev, current.st_ino) != (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+                continue
+            try:
+                yield
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # still held: a waiter on this file finds it gone and starts over
+            return
+        finally:
+            os.close(fd)

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 from pytest_attncost import baseline as baseline_mod
 from pytest_attncost import files
@@ -133,10 +132,10 @@ def test_a_lock_link_is_refused_and_the_lock_is_opened_without_following_links(t
     lock.symlink_to(victim)
     with pytest.raises(baseline_mod.BaselineError, match=r"\.b\.json\.lock is a symbolic link \(to .*victim\).*delete"):
         baseline_mod.save(tmp_path / "b.json", [Row()], None)
-    # the check above could be raced; filelock's own O_NOFOLLOW (3.20.1 and later) cannot be
-    with pytest.raises(OSError) as raised:
-        FileLock(str(lock), timeout=0).acquire()
-    assert raised.value.errno == errno.ELOOP and victim.read_text() == "victim\n"
+    # the check above could be raced; the lock's own O_NOFOLLOW cannot be
+    with pytest.raises(OSError) as raised, files.locked(lock, timeout=0):
+        pass
+    assert raised.value.errno == errno.ELOOP and victim.read_text() == "victim\n" and lock.is_symlink()
 
 
 @root_only
@@ -293,7 +292,29 @@ def test_ctrl_c_inside_the_baseline_write_ends_as_an_interrupted_session(project
         "test_suite.py::test_a"]
 
 
-def test_a_save_says_what_it_saved_where_and_keeps_its_lock_out_of_sight(project: pytest.Pytester) -> None:
+def test_the_lock_removed_by_its_holder_is_taken_afresh_by_a_waiter(tmp_path: Path) -> None:
+    import threading
+
+    lock, order = tmp_path / ".b.json.lock", []
+    with files.locked(lock, timeout=0):
+        waiter = threading.Thread(target=lambda: _hold(lock, order))
+        waiter.start()  # it opens this lock file and waits for it
+        waiter.join(0.3)
+        order.append("first done")
+    waiter.join(60)
+    assert order == ["first done", "second held a lock that was the file at the path"] and not lock.exists()
+    with pytest.raises(files.LockTimeout), files.locked(lock, timeout=0):
+        with files.locked(lock, timeout=0):
+            pass
+
+
+def _hold(lock: Path, order: list[str]) -> None:
+    with files.locked(lock, timeout=60):
+        fresh = lock.exists()
+        order.append("second held a lock that was the file at the path" if fresh else "second held a removed file")
+
+
+def test_a_save_says_what_it_saved_where_and_leaves_no_lock(project: pytest.Pytester) -> None:
     project.makepyfile(test_suite="""
         import pytest
         from tiny_models import torch_encoder
@@ -307,8 +328,7 @@ def test_a_save_says_what_it_saved_where_and_keeps_its_lock_out_of_sight(project
     result = project.runpytest("--attncost-save=b.json")
     result.stdout.fnmatch_lines(["attncost: baseline */b.json already held this run's profiles (1 entry): nothing "
                                  "written"])
-    hidden = sorted(p.name for p in project.path.iterdir() if p.name.startswith(".b.json"))
-    assert hidden == [".b.json.lock"]  # a dotfile beside the baseline, empty: filelock's lock must stay
+    assert sorted(p.name for p in project.path.iterdir() if p.name.startswith((".b.json", "b.json"))) == ["b.json"]
 
 
 # --- baselines that must not be read -----------------------------------------------------------------------------

@@ -104,8 +104,8 @@ def test_concurrent_saves_lose_nothing(suite: pytest.Pytester) -> None:
         outputs = [run.communicate(timeout=300)[0].decode() for run in runs]
         assert [run.returncode for run in runs] == [0, 0], outputs
         assert saved_tests(target) == ["test_a", "test_b", "test_c", "test_d"]
-        # the lock stays beside the baseline (filelock keeps a flock'ed file); no temporary is left
-        assert sorted(p.name for p in suite.path.iterdir() if p.name.startswith(".")) == [f".same{attempt}.json.lock"]
+        # the lock is removed by the last holder; no temporary is left
+        assert sorted(p.name for p in suite.path.iterdir() if p.name.startswith(".same")) == []
 
 
 def test_saving_through_a_symlink_keeps_the_link(suite: pytest.Pytester) -> None:
@@ -399,16 +399,16 @@ def test_saves_from_different_temporary_directories_exclude_each_other(tmp_path:
     outputs = [run.communicate(timeout=600)[0].decode() for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     assert saved_tests(target) == ["test_one", "test_two"]
-    assert sorted(p.name for p in target.parent.iterdir()) == [".base.json.lock", "base.json"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["base.json"]
 
 
 def test_a_held_lock_fails_the_save_in_time(suite: pytest.Pytester) -> None:
-    from filelock import FileLock
+    from pytest_attncost import files
 
     base = suite.path / "base.json"
     suite.runpytest(f"--attncost-save={base}", "-k", "test_a").assert_outcomes(passed=1)
     before = base.read_bytes()
-    with FileLock(str(suite.path / ".base.json.lock")):  # a run that stopped (Ctrl-Z) while it saved
+    with files.locked(suite.path / ".base.json.lock", timeout=0):  # a run that stopped (Ctrl-Z) while it saved
         result = suite.runpytest_subprocess(f"--attncost-save={base}", "--attncost-lock-timeout=2", "-k", "test_b",
                                             timeout=600)
     result.assert_outcomes(passed=1)
