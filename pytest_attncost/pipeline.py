@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -37,23 +38,29 @@ from .errors import hidden
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["Placement", "Setup", "assemble", "place", "quiet_torch_logs", "run", "sweep_in_one_run"]
+__all__ = ["Placement", "Setup", "assemble", "place", "quiet_counting", "run", "sweep_in_one_run"]
 
 #: torch loggers that report, at ERROR level, what the counters try and then handle themselves.
 _TORCH_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes", "torch._dynamo")
 
 
 @contextlib.contextmanager
-def quiet_torch_logs() -> Iterator[None]:
-    """A failed meta kernel under fake tensors is logged with its traceback (hundreds of lines), then
-    raised, and the plugin reports it in its own words: keep the log out of the user's output."""
+def quiet_counting() -> Iterator[None]:
+    """While a count runs: torch's logs out of the user's output (a failed meta kernel under fake tensors is
+    logged with its traceback, hundreds of lines, then raised, and the plugin reports it in its own words),
+    and the cyclic garbage collector paused (a count makes many objects and no garbage worth a pass, and each
+    full pass walks the whole heap: a third of a 256-layer profile, which then grew faster than its depth)."""
     loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
+        if collecting:
+            gc.enable()
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
 
@@ -170,7 +177,7 @@ def run(target: nn.Module, model_name: str, spec: ModelSpec | None, spec_note: s
         ProfileError: naming the model, when it cannot be counted or placed.
     """
     try:
-        with quiet_torch_logs():
+        with quiet_counting():
             setup = Setup.of(target, model_name, spec, spec_note, options)
             counted = counting.count(target, setup.twin, built.call, options, setup.masks, built.real_call, n)
             placement = place(setup, counted.raw, roles, spec_read)
@@ -451,7 +458,7 @@ def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, An
         built = inputs_at(cast(int, one_run.length_of(lengths)))
         if not one_run.swept((built.args, built.kwargs)):
             return None  # inputs that do not depend on n (an image model): nothing to sweep in one run
-        with quiet_torch_logs():
+        with quiet_counting():
             setup = Setup.of(target, model_name, spec, spec_note, options)
             raw = counting.count_forward_torch(setup.twin, built.args, built.kwargs, buffer_masks=setup.masks)
             state = [t.shape for t in (*setup.twin.parameters(), *setup.twin.buffers())]
