@@ -159,12 +159,14 @@ def _outputs(flow: Flow, group: list[int], found: set[int], ok: Callable[[int], 
         out.append(i)
         columns = width_of(records[i])
         widths = [fused[s][1] - fused[s][0] if s in fused else width_of(records[s], result=True) for s in beside]
-        if all(width == columns for width in widths) and not fused.keys() & set(beside):  # a gate (Qwen3-Next)
-            out += [s for s in beside if s not in found]
+        result = math.prod(records[group[-1]].out_shape) // rows(records[i]) if rows(records[i]) else 0
+        if beside and 0 not in widths and result + sum(widths) == columns:
+            shared.append((i, result, columns))  # concatenated: their own part, and this one split by its columns
+        elif not beside or result == columns and not fused.keys() & set(beside):
+            out += [s for s in beside if s not in found]  # gates multiplied into the result (per column or head)
             found.update(beside)
-        else:  # the result concatenated with theirs: their own part, and this one split by its columns
-            rest = sum(widths)
-            shared.append((i, columns - rest if 0 < rest < columns and 0 not in widths else 0, columns))
+        else:
+            shared.append((i, 0, columns))  # beside the result in a way its widths do not tell: warned
     return out, shared
 
 

@@ -169,6 +169,24 @@ def test_x_transformers_talking_heads_count_with_the_core(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("gate", ["headwise", "dimwise"])
+def test_gates_multiplied_into_the_attentions_result_are_projections(backend, gate):
+    # x-transformers' value gates: sigmoid(Linear(D, H or D)) multiplied into each head's result (broadcast
+    # over the head when headwise), not concatenated with it
+    x_transformers = pytest.importorskip("x_transformers", reason="x-transformers (the zoo extra) is not installed")
+
+    def model():
+        return x_transformers.Encoder(dim=D, depth=L, heads=H, attn_dim_head=HD, attn_gate_values=True,
+                                      attn_gate_values_headwise=gate == "headwise")
+
+    profile = pa.profile(model, n=N, inputs=tokens, backend=backend)
+    proj = 4 * N * D * D + N * D * (H if gate == "headwise" else D)
+    assert split_of(profile) == (L * 2 * N * N * D, L * proj, L * 2 * N * D * 4 * D)
+    # the formula has no gate, and says by how much the projections differ
+    assert [w.split(" MAC")[0] for w in profile.warnings] == [f"attention_proj is {L * proj:,}"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_weight_norm_weights_are_parameters(backend):
     from torch.nn.utils.parametrizations import weight_norm
 
