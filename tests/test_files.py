@@ -455,6 +455,7 @@ def test_dev_null_as_the_baseline_is_not_a_regular_file(suite: pytest.Pytester) 
 @pytest.mark.parametrize("option", ["--attncost-save", "--attncost-compare"])
 def test_a_fifo_as_the_baseline_is_refused_without_hanging(suite: pytest.Pytester, option: str) -> None:
     os.mkfifo(suite.path / "base.json")
+    # a subprocess with a timeout: an open() that blocked on the FIFO would hang this session, not fail a test
     result = suite.runpytest_subprocess(f"{option}=base.json", timeout=600)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*baseline *base.json is not a regular file (a FIFO)*"])
@@ -475,6 +476,7 @@ def test_a_fifo_as_a_report_is_written_in_place_or_refused(project: pytest.Pytes
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
+    # a subprocess with a timeout, as above: a write that blocked on the unread FIFO would hang this session
     result = project.runpytest_subprocess(f"--attncost-json={read}", f"--attncost-markdown={unread}", timeout=600)
     thread.join(timeout=600)
     result.assert_outcomes(passed=1)
