@@ -217,7 +217,7 @@ def test_forward_split(name: str) -> None:
     assert (p.n, p.batch, p.layers, p.warnings) == (T, BATCH, LAYERS, ())
 
 
-# train = 3x forward per part, the same under three hash seeds, through profile(): see
+# train = 3x forward per part, the same under two hash seeds, through profile(): see
 # test_train_scopes_are_the_same_under_every_hash_seed_and_three_times_forward below,
 # whose subprocesses check the records and profile()'s parts together.
 
@@ -248,18 +248,18 @@ print(json.dumps(t._train_counts(), sort_keys=True))
 
 
 def test_train_scopes_are_the_same_under_every_hash_seed_and_three_times_forward():
-    # three hash seeds: this process's and two others, one child at a time (no fan-out beside xdist's workers);
-    # the timeout is a safety net for a hung child, not a measure of speed
+    # two hash seeds: this process's and another, in a child (a fresh interpreter: the seed is fixed at start-up;
+    # one child: an order that follows the seed differs between almost any two); the timeout is a safety net for a
+    # hung child, not a measure of speed
     ours = os.environ.get("PYTHONHASHSEED")
-    seeds = [seed for seed in ("0", "1", "2") if seed != ours][:2]
+    seed = next(seed for seed in ("0", "1") if seed != ours)
     script = _SEED_SCRIPT.format(tests=str(Path(__file__).parent))
     results = [_train_counts()]
-    for seed in seeds:
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1800,
-                             env={**os.environ, "PYTHONHASHSEED": seed})
-        assert run.returncode == 0, run.stderr[-2000:]
-        results.append(json.loads(run.stdout))
-    assert results[0] == results[1] == results[2]  # records, scopes, origins, masks: all of it
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1800,
+                         env={**os.environ, "PYTHONHASHSEED": seed})
+    assert run.returncode == 0, run.stderr[-2000:]
+    results.append(json.loads(run.stdout))
+    assert results[0] == results[1]  # records, scopes, origins, masks: all of it
     for name, counts in results[0].items():
         forward, train = _per_scope(count_forward_torch(meta_twin(MODELS[name]()), _tokens(), {}).records), counts["train"]
         assert sum(forward.values()) == FORWARD

@@ -269,8 +269,8 @@ def _rows(path):
 
 def test_keyboard_interrupt_keeps_finished_tests(project):
     project.makepyfile(test_suite=SUITE.format(stop="raise KeyboardInterrupt"))
-    # a subprocess: in-process, the interrupt would stop this session too
-    result = project.runpytest_subprocess("--attncost-json=out.json", "--attncost-report")
+    # in-process: the test raises the interrupt itself (no signal), and no_reraise_ctrlc keeps it in the inner session
+    result = project.runpytest("--attncost-json=out.json", "--attncost-report", no_reraise_ctrlc=True)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert _rows(project.path / "out.json") == [("test_a", 16), ("test_b", 32)]
     result.stdout.fnmatch_lines(["*attncost report*", "test_suite.py::test_a *", "test_suite.py::test_b *"])

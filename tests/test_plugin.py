@@ -464,7 +464,8 @@ def test_warnings_as_errors(project):
         def test_user_warning(attncost):
             warnings.warn("from the user's code", UserWarning)
     """)
-    # --attncost-crosscheck: both counters (fvcore's trace, torch's fake tensors) run under -W error
+    # --attncost-crosscheck: both counters (fvcore's trace, torch's fake tensors) run under -W error; a subprocess,
+    # as only a fresh interpreter imports torch and fvcore under the filter (this one imported them long ago)
     result = project.runpytest_subprocess("-W", "error", "--attncost-crosscheck")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*UserWarning: from the user's code*"])
