@@ -263,9 +263,9 @@ def drop_temporaries(directory: Path) -> list[str]:
     """Remove the temporaries that killed writes left in *directory* (SIGKILL skips every cleanup); return
     their names.
 
-    Only this module's names (``.NAME.XXXXXXXX.attncost.tmp``), only regular files of this user, only ones no
-    writer holds (a live writer holds a ``flock`` on its temporary until the rename), and never an empty one
-    younger than a minute (a writer between ``mkstemp`` and its ``flock``). A link is never followed.
+    Only this module's names (``.NAME.<8 random characters>.attncost.tmp``), only regular files of this user,
+    only ones no writer holds (a live writer holds a ``flock`` on its temporary until the rename), and never an
+    empty one younger than a minute (a writer between ``mkstemp`` and its ``flock``). A link is never followed.
     """
     try:
         names = [name for name in os.listdir(directory) if _OURS.fullmatch(name)]
@@ -337,15 +337,13 @@ def locked(path: Path, timeout: float) -> Iterator[None]:
         LockTimeout: another process held it all that time.
         OSError: the lock cannot be created or opened (a link there: ``ELOOP``).
     """
-    import fcntl
-
     deadline = time.monotonic() + timeout
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             while True:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # type: ignore[union-attr]  # POSIX
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
