@@ -290,9 +290,7 @@ def _autocast(device: str) -> tuple[bool, Any]:
 
 
 def _restore_device(device: torch.device) -> None:
-    """Put the default device back (nothing to do where the forward left it as it was)."""
-    if torch.get_default_device() == device:
-        return
+    """Put the default device back (:func:`kept_torch_state` calls it only where the forward changed it)."""
     torch.set_default_device(None if device == torch.device("cpu") else device)
     context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)  # torch 2.6 leaves None there, which its own
     if context is not None and getattr(context, "device_context", False) is None:  # get_default_device refuses
@@ -302,7 +300,7 @@ def _restore_device(device: torch.device) -> None:
 #: Global torch settings a forward may change, as (read, restore): every count and timing puts them back.
 _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "default dtype": (torch.get_default_dtype, torch.set_default_dtype),
-    "default device": (torch.get_default_device, lambda d: _restore_device(d)),
+    "default device": (torch.get_default_device, _restore_device),
     "threads": (torch.get_num_threads, torch.set_num_threads),
     "interop threads": (torch.get_num_interop_threads, torch.set_num_interop_threads),
     "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
