@@ -12,7 +12,7 @@ from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product
 
 __tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
-__all__ = ["Flow", "rows", "table", "width_of"]
+__all__ = ["Flow", "first_matrix", "rows", "table", "width_of"]
 
 
 class Flow:
@@ -150,13 +150,16 @@ def rows(record: OpRecord) -> int:
     return math.prod(record.out_shape[:-1]) if record.out_shape else 0
 
 
-def width_of(record: OpRecord, result: bool = False) -> int:
-    """The columns a product contracts (its first operand's last dimension: x in x @ W), or those of its *result*;
-    0 where its shapes do not say."""
+def first_matrix(record: OpRecord) -> tuple[int, ...]:
+    """The shape of a product's first matrix (x in x @ W): the backends record addmm's bias before it, or leave
+    it out; ``()`` where the shapes do not say."""
     operands = PRODUCTS[record.op].operands if record.op in PRODUCTS else ()
-    if result:
-        shape = record.out_shape
-    else:  # the first matrix among the shapes (the backends record addmm's bias before it, or leave it out)
-        first = operands[0] if operands and len(record.shapes) > len(operands) else 0
-        shape = record.shapes[first] if operands and len(record.shapes) > first else ()
+    first = operands[0] if operands and len(record.shapes) > len(operands) else 0
+    return tuple(record.shapes[first]) if operands and len(record.shapes) > first else ()
+
+
+def width_of(record: OpRecord, result: bool = False) -> int:
+    """The columns a product contracts (the last dimension of :func:`first_matrix`), or those of its *result*;
+    0 where its shapes do not say."""
+    shape = record.out_shape if result else first_matrix(record)
     return shape[-1] if len(shape) >= 2 else 0

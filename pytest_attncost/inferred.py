@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import hidden
-from .flow import width_of
+from .flow import first_matrix, width_of
 from .formulas import ModelSpec
 from .ops import OpRecord
 from .roles import Structure
@@ -49,9 +49,10 @@ def spec_keywords(spec: ModelSpec) -> str:
     return f"ModelSpec({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
 
 
-def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str,
+def _layer_figures(records: Sequence[OpRecord], structure: Structure, mine: list[int],
                    cores: tuple[int, ...]) -> tuple[int, ...] | None:
-    """(hidden, heads, head_dim, kv_heads, ffn_dim, gated) of one layer, or None where the trace does not tell."""
+    """(hidden, heads, head_dim, kv_heads, ffn_dim, gated) of one layer (*mine*: its forward parameter products),
+    or None where the trace does not tell."""
     first = records[cores[0]]
     if len(first.shapes) < 2 or len(first.shapes[0]) < 3:
         return None
@@ -61,15 +62,13 @@ def _layer_figures(records: Sequence[OpRecord], structure: Structure, layer: str
     if queries != keys:
         return None  # not every query against every key (windows, low-rank keys): not the formulas' core
     heads = first.shapes[0][-3] if len(first.shapes[0]) >= 4 else None
-    mine = [i for i, part in enumerate(structure.parts) if structure.layer_of(records[i].scope) == layer
-            and records[i].origin == "param" and records[i].backward_of is None]
     core_inputs = {s for c in cores for source in records[c].sources for s in source}
     entry = [i for i in mine if structure.parts[i] == "attention_proj" and i in core_inputs]
     ffn = [i for i in mine if structure.parts[i] == "ffn"]
     if not entry or not all(records[i].shapes and records[i].out_shape for i in entry + ffn):
         return None
     hidden = {width_of(records[i]) for i in entry}
-    tokens = {records[i].shapes[1 if records[i].op == "aten::addmm" else 0][-2] for i in entry}
+    tokens = {first_matrix(records[i])[-2] for i in entry}
     if len(hidden) != 1 or len(first.shapes[0]) >= 3 and all(len(records[i].shapes[0]) >= 3 for i in entry) \
             and tokens != {queries}:
         return None  # low-rank or cross projections, or cores over other rows than the tokens projected
@@ -107,7 +106,11 @@ def infer_spec(records: Sequence[OpRecord], structure: Structure) -> ModelSpec |
         calls[layer] = cores
     if set(calls) != set(structure.layers):
         return None
-    figures = {_layer_figures(records, structure, layer, cores) for layer, cores in calls.items()}
+    mine: dict[str | None, list[int]] = {}  # per layer, its forward parameter products (one pass over the records)
+    for i, record in enumerate(records):
+        if record.origin == "param" and record.backward_of is None:
+            mine.setdefault(structure.layer_of(record.scope), []).append(i)
+    figures = {_layer_figures(records, structure, mine.get(layer, []), cores) for layer, cores in calls.items()}
     if len(figures) != 1 or None in figures:
         return None
     (found,) = figures
