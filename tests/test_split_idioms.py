@@ -206,13 +206,17 @@ def test_weight_norm_weights_are_parameters(backend):
 RANK = 4
 
 
-def lora_llama(targets):
-    from peft import LoraConfig, get_peft_model
+def tiny_llama():
     from transformers import LlamaConfig, LlamaModel
 
-    model = LlamaModel(LlamaConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=H, num_hidden_layers=L,
-                                   intermediate_size=FF, vocab_size=100))
-    return get_peft_model(model, LoraConfig(r=RANK, target_modules=list(targets)))
+    return LlamaModel(LlamaConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=H, num_hidden_layers=L,
+                                  intermediate_size=FF, vocab_size=100))
+
+
+def lora_llama(targets):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(tiny_llama(), LoraConfig(r=RANK, target_modules=list(targets)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -234,12 +238,8 @@ def test_lora_belongs_to_the_product_it_adapts(backend, targets):
 def test_dora_weights_belong_to_the_product_they_adapt(backend):
     # DoRA norms W + BA: peft runs lora_A and lora_B on an identity matrix (in_features rows), then on the tokens
     peft = pytest.importorskip("peft", reason="peft (a test extra) is not installed")
-    from transformers import LlamaConfig, LlamaModel
-
-    model = peft.get_peft_model(
-        LlamaModel(LlamaConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=H, num_hidden_layers=L,
-                               intermediate_size=FF, vocab_size=100)),
-        peft.LoraConfig(r=RANK, target_modules=["q_proj", "o_proj", "down_proj"], use_dora=True))
+    model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(r=RANK, target_modules=["q_proj", "o_proj", "down_proj"],
+                                                              use_dora=True))
     profile = pa.profile(model, n=N, backend=backend)
 
     def dora(inputs, outputs):  # the identity's rows, then the tokens'
