@@ -172,9 +172,8 @@ def _bare_meta(model: Any, n: int, fake: bool) -> float:
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
-
     from torch.utils import _pytree as pytree
+    from torch.utils.flop_counter import FlopCounterMode
 
     from pytest_attncost.api import default_inputs
 

@@ -59,6 +59,7 @@ def _cpu(work: Callable[[], Any]) -> float:
 def against_floor(model: Any, rounds: int) -> tuple[float, float]:
     """(profile, floor) in CPU seconds, interleaved, best of *rounds*."""
     from bench import _bare_meta
+
     from pytest_attncost import clear_cache, profile
 
     best_profile, best_floor = float("inf"), float("inf")

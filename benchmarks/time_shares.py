@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from pytest_attncost import TimingSweep, measure
+    from pytest_attncost.api import spec_of
     from pytest_attncost.plots import plot_time_shares
     from pytest_attncost.units import format_seconds
-    from pytest_attncost.api import spec_of
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
     with torch.device("meta"):

@@ -2,10 +2,9 @@
 
 import pytest
 import torch
+from models import ROLES, TinyLM
 from torch import nn
 from transformers import GPT2Config, GPT2Model, LlamaConfig, LlamaModel
-
-from models import ROLES, TinyLM
 
 
 def gpt2_small():

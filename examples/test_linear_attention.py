@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from models import ROLES, TinyLM
+
 from pytest_attncost import ModelSpec
 
 # The softmax model's shape: the formulas (and linear_attention_saving) describe softmax attention. The

@@ -9,9 +9,11 @@ model you are waiting for" (PaperWeekly / kexue.fm, 2021) does: attention core
 from __future__ import annotations
 
 from .conventions import Formula
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import Memory, activation_bytes, memory_crossover_n, model_state_bytes
 from .formulas import (
     Costs,
+    Generation,
     ModelSpec,
     attention,
     attention_core,
@@ -21,7 +23,6 @@ from .formulas import (
     decode_crossover_n,
     decode_quadratic_n,
     ffn,
-    Generation,
     generation_cost,
     kept_pairs,
     kv_cache_bytes,
@@ -31,9 +32,6 @@ from .formulas import (
     quadratic_n,
 )
 from .units import format_count, parse_count
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __version__ = "0.1.0"
 

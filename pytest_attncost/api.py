@@ -20,14 +20,13 @@ from . import memory as memory_mod
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
 from .counting import HOOKS_NOTE, Options, kept_torch_state, masks, model_class, unwrap, user_hooks
 from .errors import ProfileError, TimingError
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
-from .inputs import LARGEST_TOKENS, TOO_LARGE, Built, Inputs, build
+from .inputs import Built, build
+from .request import LARGEST_TOKENS, TOO_LARGE, Inputs
 from .result import BACKENDS, CAUSAL, MODES, Profile, Timing
 from .series import DecodeSweep, Sweep, TimingSweep
 from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["ProfileError", "clear_cache", "decode_sweep", "measure", "measure_memory", "measure_sweep", "profile",
            "spec_of", "sweep"]

@@ -20,11 +20,9 @@ if TYPE_CHECKING:
     from .result import Profile
 
 from . import files
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .markers import increase_for
 from .reporting import SCHEMA, Row, RowKey, render_documents, row_key
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["BaselineError", "Regression", "Saved", "compare", "entry_key", "is_baseline", "load", "merge", "save", "MAX_BYTES"]
 

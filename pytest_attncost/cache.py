@@ -49,9 +49,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .result import Profile
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 __all__ = ["CACHE_SIZE", "cache_key", "clear_cache", "enabled", "lookup", "set_enabled", "store"]
 

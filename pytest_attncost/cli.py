@@ -23,12 +23,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from . import baseline, conventions, footprint, formulas, reporting
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .units import format_bytes
 from .units import table as text_table
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["ARTICLE", "KV_DTYPES", "PRESETS", "SUBCOMMANDS", "compare_files", "decode_table", "load_factory", "main"]
 

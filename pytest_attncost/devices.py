@@ -18,9 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 __all__ = ["DEVICES", "DTYPES", "Device", "Roof", "check_peak", "device", "peak_flops", "this_cpu"]
 

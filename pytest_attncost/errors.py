@@ -6,7 +6,7 @@ raised where a counter failed, :class:`TimingError` where a timed run could not 
 model's name is put in front of the message in one place (:func:`named`), by the pipeline; where a
 model's own forward failed, :func:`site` and :func:`hint` say where and why, from the traceback.
 
-Every module of the package sets ``__tracebackhide__ = errors.hidden``: pytest then leaves the package's
+Every module of the package imports ``errors.hidden as __tracebackhide__``: pytest then leaves the package's
 frames out of a failure (the user's frames show), unless the plugin failed in its own code (see
 :func:`hidden`); ``--full-trace`` shows every frame.
 """

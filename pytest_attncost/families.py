@@ -31,10 +31,8 @@ import torch
 from torch import nn
 
 from .errors import ProfileError
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = [
     "GATED_FAMILIES",

@@ -24,14 +24,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from .errors import hidden
+
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["LockTimeout", "Refused", "TEMPORARY", "drop_temporaries", "locked", "planted_link", "read", "unwritable",
            "write"]

@@ -7,10 +7,8 @@ import functools
 import math
 from collections.abc import Iterable, Sequence
 
-from .errors import hidden
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Flow", "first_matrix", "rows", "table", "width_of"]
 

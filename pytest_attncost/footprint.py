@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec, relative_deviation
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["CATEGORIES", "MEMORY_MODES", "Memory", "OPTIMIZERS", "STATE_FACTORS", "activation_bytes",
            "memory_crossover_n", "memory_crossovers", "model_state_bytes"]

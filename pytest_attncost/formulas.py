@@ -25,9 +25,8 @@ import difflib
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
-from .errors import hidden
 
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 __all__ = [
     "Costs",

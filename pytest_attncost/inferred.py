@@ -21,13 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import hidden
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .flow import first_matrix, width_of
 from .formulas import ModelSpec
 from .ops import OpRecord
 from .roles import Structure
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["INFERRED_NOTE", "infer_spec", "is_inferred", "spec_keywords"]
 

@@ -21,22 +21,14 @@ from torch.utils import _pytree as pytree
 
 from . import families
 from .errors import ProfileError
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .parts import Split
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from .request import Inputs
 
 __all__ = ["Built", "build", "cache_bytes", "decode_lengths", "folded_sequences", "fresh", "read_lengths", "to_meta",
            "to_real", "token_shape", "user_inputs"]
 
-#: batch x n past which torch cannot describe even the token ids (8 bytes each, under 2**63 bytes).
-LARGEST_TOKENS = 2**59
-TOO_LARGE = ("n={n}, batch={batch}: too large for torch to describe (a tensor of 2**63 bytes or more, even on the "
-             "meta device); use a smaller n, or evaluate the formulas alone: pytest_attncost.model_costs(spec, n) "
-             "or python -m pytest_attncost --n N")
-
-Inputs = Any  # a tuple of positional args, a dict of keyword args, a tensor, or a callable (n, batch) -> those
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 

@@ -16,14 +16,12 @@ from typing import Any
 
 from . import devices
 from .conventions import Formula
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import MEMORY_BOUNDS, MEMORY_SHARE_BOUNDS, MEMORY_SIZE_BOUNDS, memory_problems
 from .formulas import relative_deviation
 from .result import MODES, Profile, Timing
 from .series import Sweep, SweepError
 from .units import UnitError, format_bytes, format_count, format_seconds, format_tokens, parse_bytes, parse_count
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Bounds", "MIN_REPEATS", "MarkerError", "TIME_BOUNDS", "check_bounds", "check_mfu", "check_sweep",
            "check_time_bounds",

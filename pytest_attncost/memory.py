@@ -31,12 +31,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import ProfileError
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import CATEGORIES, OPTIMIZERS, Memory
 from .inputs import remade
 from .roles import role_of
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Measured", "estimate", "loss_of", "make_optimizer", "measure_memory"]
 

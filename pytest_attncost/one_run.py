@@ -21,14 +21,13 @@ import builtins
 import contextlib
 import math
 import operator
-from itertools import repeat
 from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import torch
-from .errors import hidden
 
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 __all__ = ["POSSIBLE", "TORCH_VERSION", "Diverged", "OpMemo", "at", "enabled", "length_of", "spread", "swept"]
 
@@ -424,7 +423,6 @@ def at(value: Any, index: int) -> Any:
 def enabled() -> Iterator[None]:
     """Run a model on inputs of swept lengths: raises Diverged if any decision differed between them."""
     from torch._dispatch.python import enable_python_dispatcher
-
     from torch._subclasses import fake_impls
 
     _STATE["diverged"] = False

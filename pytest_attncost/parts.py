@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ProfileError
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
+from .flow import Flow
 from .formulas import ModelSpec, kept_pairs
 from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product, parent, within
-from .flow import Flow
 from .roles import ROLE_NAMES, Structure, product_part, role_of
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["PARTS", "Split", "explicit_roles", "outside_note", "split", "split_notes", "structure_warnings"]
 

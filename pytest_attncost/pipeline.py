@@ -26,17 +26,15 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from . import cache, counting, families, inferred, inputs, one_run
+from . import cache, counting, families, inferred, inputs, one_run, request
 from . import parts as parts_mod
 from . import roles as roles_mod
 from .counting import Counted, Options
 from .errors import ProfileError, named
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .ops import RawCount, ancestors
 from .result import COMPONENTS, PARTS, Profile, versions
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Placement", "Setup", "assemble", "place", "quiet_counting", "run", "sweep_in_one_run"]
 
@@ -395,7 +393,7 @@ def _one_run_takes(kwargs: Mapping[str, Any], lengths: list[int]) -> bool:
             or not isinstance(kwargs.get("spec"), (ModelSpec, type(None)))):
         return False
     batch = kwargs.get("batch") or 1
-    return type(batch) is int and batch >= 1 and max(lengths) * batch <= inputs.LARGEST_TOKENS and len(lengths) >= 2
+    return type(batch) is int and batch >= 1 and max(lengths) * batch <= request.LARGEST_TOKENS and len(lengths) >= 2
 
 
 def _unit_sizes(raw: RawCount) -> tuple[bool, ...]:

@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from . import files, formulas
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .units import format_count
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["MISSING_MATPLOTLIB", "plot_decode", "plot_sweep", "plot_time_shares", "require_matplotlib", "shares_plot",
            "stem_for", "stems_for"]
@@ -49,7 +47,7 @@ def stem_for(test_id: str, name: str, position: int = 0, twin: bool = False) -> 
     if stem == readable and len(stem) <= MAX_STEM and not twin:
         return stem
     # replaced ("sp ace", "a/b"), cut, or a twin in this run: + hash of id, name, position among the test's sweeps of it
-    digest = hashlib.sha1(f"{test_id}\0{name}\0{position}".encode("utf-8")).hexdigest()[:10]
+    digest = hashlib.sha1(f"{test_id}\0{name}\0{position}".encode()).hexdigest()[:10]
     return f"{stem[: MAX_STEM - 11]}-{digest}"
 
 

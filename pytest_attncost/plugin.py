@@ -41,9 +41,7 @@ from .settings import Settings, add_options
 if TYPE_CHECKING:
     from .result import Profile
     from .series import Sweep
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 __all__ = ["AttncostCheckError", "AttncostFixture", "attncost", "attncost_n"]
 
@@ -293,7 +291,7 @@ def _checked_unittest_method(item: pytest.Item) -> Any:
 
     @functools.wraps(method)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
+        __tracebackhide__ = True  # noqa: F811  this frame too
         value = method(*args, **kwargs)
         problems = check(item)
         if problems:
@@ -310,7 +308,7 @@ def _checked_unittest_method(item: pytest.Item) -> Any:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """The call phase: after the body, a broken bound fails the test as an assertion in it would."""
-    __tracebackhide__ = True
+    __tracebackhide__ = True  # noqa: F811  this frame too
     patched = _checked_unittest_method(item)
     try:
         result = yield

@@ -21,15 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from . import devices
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .inferred import is_inferred
 from .markers import threshold_notes
 from .result import PARTS, Profile, versions
 from .series import Sweep, SweepError
 from .units import format_bytes, format_count, format_seconds, format_tokens, table
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "render_markdown", "render_terminal", "row_key",
            "sections", "sort_rows"]

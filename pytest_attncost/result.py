@@ -15,23 +15,16 @@ from typing import Any
 
 from . import devices, formulas
 from .conventions import Audit, Convention, Formula, audit, conventions
+from .errors import CheckFailed
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import Memory
 from .formulas import Costs, ModelSpec, relative_deviation
 from .ops import MATMUL_LIKE_UNSUPPORTED
+from .request import BACKENDS, CAUSAL, COMPONENTS, MODES, PARTS
 from .units import format_count, format_seconds, table
-from .errors import CheckFailed, hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["BACKENDS", "CAUSAL", "COMPONENTS", "MODES", "PARTS", "TOTALS", "Profile", "Timing", "median", "versions"]
 
-#: The parts the formulas describe, and the four every count is split into.
-COMPONENTS = ("attention_core", "attention_proj", "ffn")
-PARTS = (*COMPONENTS, "other")
-#: What profile() takes: the counters, what is counted, how causal attention is counted.
-BACKENDS = ("fvcore", "torch")
-MODES = ("forward", "train", "decode")
-CAUSAL = ("full", "half", "kept")
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .flow import Flow, rows, table, width_of
 from .ops import OpRecord, ancestors, is_fused, is_product, parent, within
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["ROLE_NAMES", "Flow", "Structure", "core_scopes", "find_structure", "product_part", "role_of"]
 

@@ -22,10 +22,8 @@ from typing import Any, Generic, TypeVar, overload
 
 from . import formulas
 from .conventions import Audit, audit
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .result import Profile, Timing
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["Coefficients", "DecodeSweep", "Sweep", "SweepError", "TimingSweep"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-
 import json
 import os
 import shlex
@@ -21,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from . import files, plots
+from .baseline import BaselineError, Prune, compare, entry_key, is_baseline, load, save
 from .markers import (
     NO_PROFILE,
     NO_SWEEP,
@@ -34,18 +35,14 @@ from .markers import (
     merged_kwargs,
     parse_marker_kwargs,
 )
-from .baseline import BaselineError, Prune, compare, entry_key, is_baseline, load, save
-from . import files, plots
 from .reporting import Row, RowKey, SweepRow, render_export, render_json, render_markdown, render_terminal, row_key
 from .result import versions
 
 if TYPE_CHECKING:
     from .result import Profile
-    from .settings import Settings
     from .series import Sweep
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+    from .settings import Settings
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 BOUNDS_KEY = pytest.StashKey[Bounds]()

@@ -13,13 +13,11 @@ import pytest
 
 from . import files
 from .baseline import is_baseline
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .markers import parse_increase
 from .plots import require_matplotlib
 from .reporting import EXPORTS
 from .units import UNITS
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["BACKENDS", "Settings", "add_options"]
 

@@ -69,14 +69,12 @@ from torch.utils import _pytree as pytree
 
 from .counting import kept_torch_state, real_twin, unwrap
 from .errors import TimingError
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .inputs import Built
 from .ops import FUSED_ATTENTION_OPS, MATMUL_LIKE_UNSUPPORTED, PRODUCTS, attention_macs
 from .result import PARTS, TOTALS, Profile, Timing, median
 from .roles import product_part, role_of
 from .units import format_seconds
-from .errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["DEFAULT_REPEATS", "DEFAULT_WARMUP", "device_of", "time_forward"]
 
@@ -470,7 +468,8 @@ def _timed_runs(runner: nn.Module, run: Callable[[], Any], device: Any, warmup: 
                 threads: int | None) -> tuple[list[float], list[float], list[_Node], str]:
     """Warm-up, the plain forwards timed whole, then the traced ones under the profiler: (plain seconds,
     traced seconds, the repeats' event trees, the device's description with the threads in force)."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as torch_profile
 
     clock = _Clock(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

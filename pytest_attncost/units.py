@@ -12,9 +12,8 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
-from .errors import hidden
 
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 __all__ = ["UnitError", "format_bytes", "format_count", "format_seconds", "format_tokens", "parse_bytes", "parse_count",
            "table", "UNITS"]

@@ -3,7 +3,6 @@ from pathlib import Path
 
 import pytest
 import torch  # noqa: F401  keep torch loaded across pytester's in-process runs
-
 import transformers  # noqa: F401  likewise: a heavy package must not be re-imported per run
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -3,12 +3,12 @@
 import json
 
 import pytest
+import tiny_models as tm
 import torch
+from test_counting import HF_TEXT, _hf, _unsupported, expected
 from torch import nn
 
-import tiny_models as tm
 from pytest_attncost import ProfileError, one_run, profile
-from test_counting import HF_TEXT, _hf, _unsupported, expected
 
 D, H, DH, F, L = tm.HIDDEN, tm.HEADS, tm.HEAD_DIM, tm.FFN, tm.LAYERS
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import tiny_models as tm
 import torch
 from torch import nn
 
-import tiny_models as tm
 from pytest_attncost import ProfileError, cache, clear_cache, profile
 
 D = tm.HIDDEN

@@ -188,8 +188,9 @@ def test_compare_exit_codes_as_a_subprocess(tmp_path):
 
 
 def test_profile_a_factory_from_a_file(capsys):
-    from pytest_attncost import profile
     from tiny_models import bert_like
+
+    from pytest_attncost import profile
 
     assert cli.main(["profile", f"{TINY}:bert_like", "--n", "16", "32"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -212,8 +213,9 @@ def test_profile_a_dotted_module_with_batch_and_backend(monkeypatch, capsys):
 
 
 def test_profile_several_lengths_with_the_torch_backend_is_one_run(capsys):
-    from pytest_attncost import clear_cache, profile
     from tiny_models import gpt2_like
+
+    from pytest_attncost import clear_cache, profile
 
     assert cli.main(["profile", f"{TINY}:gpt2_like", "--n", "40", "8", "--backend", "torch", "--json"]) == 0
     entries = json.loads(capsys.readouterr().out)["profiles"]

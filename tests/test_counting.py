@@ -3,11 +3,11 @@
 import copy
 
 import pytest
+import tiny_models as tm
 import torch
 from torch import nn
 
 import pytest_attncost
-import tiny_models as tm
 from pytest_attncost import ModelSpec, ProfileError, clear_cache, profile
 
 D, H, DH, F, L = tm.HIDDEN, tm.HEADS, tm.HEAD_DIM, tm.FFN, tm.LAYERS

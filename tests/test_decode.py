@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytest_attncost import ModelSpec, ProfileError, profile
-from pytest_attncost import formulas
+from pytest_attncost import ModelSpec, ProfileError, formulas, profile
 from pytest_attncost.cli import PRESETS, main
 from pytest_attncost.pipeline import CACHE_BYTES_WARNING
 from pytest_attncost.result import Profile

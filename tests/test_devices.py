@@ -147,9 +147,9 @@ def test_mfu_min_in_a_test_run(project):
 @pytest.mark.parametrize(("dtype", "size"), [("float32", 4), ("float16", 2)])
 def test_bytes_by_hand_on_a_hand_written_model(dtype, size):
     import torch
+    from tiny_models import FFN, HAND_ROLES, HEAD_DIM, HEADS, HIDDEN, LAYERS, HandWritten
 
     from pytest_attncost import profile
-    from tiny_models import FFN, HAND_ROLES, HEAD_DIM, HEADS, HIDDEN, LAYERS, HandWritten
 
     b, n, w, h, d, f = 1, 16, HIDDEN, HEADS, HEAD_DIM, FFN
     as_dtype = getattr(torch, dtype)
@@ -207,8 +207,9 @@ def test_llama_2_7b_prefill_at_4096_is_compute_bound_on_an_h100(llama_2_7b_bf16)
 
 
 def test_norms_write_no_bytes_only_products_do():
-    from pytest_attncost import profile
     from tiny_models import HIDDEN, bert_like
+
+    from pytest_attncost import profile
 
     p = profile(bert_like, 16)
     # other: the pooler's one product, [1, D] @ [D, D] -> [1, D] in float32; the LayerNorms' outputs are not in

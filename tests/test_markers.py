@@ -9,6 +9,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_timing import shares
 
 from pytest_attncost.formulas import ModelSpec
 from pytest_attncost.markers import (
@@ -27,7 +28,6 @@ from pytest_attncost.markers import (
 )
 from pytest_attncost.result import Profile
 from pytest_attncost.series import Sweep
-from test_timing import shares
 
 # --- parse_marker_kwargs: every keyword, every wrong value a user will try -----------------------------
 

@@ -5,12 +5,19 @@ import dataclasses
 import json
 
 import pytest
+import tiny_models
 import torch
 from torch import nn
 
-import tiny_models
-from pytest_attncost import ModelSpec, ProfileError, activation_bytes, measure_memory, memory_crossover_n, \
-    model_state_bytes, profile
+from pytest_attncost import (
+    ModelSpec,
+    ProfileError,
+    activation_bytes,
+    measure_memory,
+    memory_crossover_n,
+    model_state_bytes,
+    profile,
+)
 from pytest_attncost.footprint import Memory, attention_matrix_bytes, memory_problems
 from pytest_attncost.markers import MarkerError, parse_marker_kwargs
 

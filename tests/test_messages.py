@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny_models as tm
 import torch
 
-import tiny_models as tm
-from pytest_attncost import ProfileError, cli, errors, inputs, profile
+from pytest_attncost import ProfileError, cli, errors, profile, request
 
 
 def test_roles_as_a_list_names_the_form() -> None:
@@ -22,7 +22,7 @@ def test_roles_as_a_list_names_the_form() -> None:
 def test_lengths_torch_cannot_describe(n: int, batch: int | None) -> None:
     with pytest.raises(ProfileError) as info:
         profile(tm.bert_like, n, batch=batch)
-    assert str(info.value) == inputs.TOO_LARGE.format(n=n, batch=batch or 1)
+    assert str(info.value) == request.TOO_LARGE.format(n=n, batch=batch or 1)
 
 
 def test_cli_refuses_absurd_sizes_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,13 +7,13 @@ import json
 from fractions import Fraction
 
 import pytest
+import tiny_models as tm
 import torch
+from test_counting import expected
 from torch import nn
 
-import tiny_models as tm
 from pytest_attncost import clear_cache, one_run, profile
 from pytest_attncost.api import sweep
-from test_counting import expected
 
 D, H, F = tm.HIDDEN, tm.HEADS, tm.FFN
 

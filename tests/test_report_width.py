@@ -126,9 +126,10 @@ def test_narrow_reports_cut_names_but_keep_parameter_ids_and_words() -> None:
 
 
 def test_thresholds_of_a_decode_step_say_so() -> None:
+    from tiny_models import gpt2_like
+
     from pytest_attncost import profile
     from pytest_attncost.reporting import threshold_lines
-    from tiny_models import gpt2_like
 
     lines = threshold_lines([Row("t::a", profile(gpt2_like, 16)), Row("t::b", profile(gpt2_like, 16, mode="decode"))])
     assert len(lines) == 2 and "decode step" not in lines[0] and "a decode step (n: the context" in lines[1]

@@ -6,11 +6,10 @@ Each model is written here; each expected split is worked out by hand in the tes
 from __future__ import annotations
 
 import pytest
+import tiny_models as tm
 import torch
 from torch import nn
 from torch.nn import functional as F
-
-import tiny_models as tm
 
 from pytest_attncost import ModelSpec, ProfileError, api, families, formulas, parts, pipeline, profile, roles
 from pytest_attncost.families import spec_from_config

@@ -5,8 +5,8 @@ import sys
 from fractions import Fraction
 
 import pytest
-
 import tiny_models as tm
+
 from pytest_attncost import ModelSpec, api, profile
 from pytest_attncost.series import Sweep, SweepError
 

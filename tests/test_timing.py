@@ -18,10 +18,10 @@ from torch import nn
 
 from pytest_attncost import api, families, profile
 from pytest_attncost import roles as roles_mod
-from pytest_attncost.counting import count_forward_torch, meta_twin
-from pytest_attncost.formulas import ModelSpec
 from pytest_attncost.api import measure, measure_sweep
+from pytest_attncost.counting import count_forward_torch, meta_twin
 from pytest_attncost.errors import TimingError
+from pytest_attncost.formulas import ModelSpec
 from pytest_attncost.plots import plot_time_shares
 from pytest_attncost.result import PARTS, Timing
 from pytest_attncost.series import TimingSweep
@@ -350,9 +350,9 @@ def test_the_model_is_untouched() -> None:
 
 def test_measure_counts_once_and_builds_its_inputs_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The profile carries the role map it was split with: timing places time with it, no second count."""
-    from pytest_attncost import cache, counting
-
     import tiny_models
+
+    from pytest_attncost import cache, counting
 
     calls: dict[str, int] = {"count": 0, "backend": 0, "inputs": 0}
 

@@ -27,14 +27,14 @@ Rows an older stack cannot run skip with the version that stops them (:func:`uns
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import transformers
 
-from pytest_attncost import clear_cache, profile
-from pytest_attncost import one_run
+from pytest_attncost import clear_cache, one_run, profile
 from pytest_attncost.api import sweep
 from pytest_attncost.counting import full_trace
 
@@ -46,7 +46,7 @@ LAYERDROP_DRAWN = {"opt", "bart"}
 ONE_RUN = one_run.POSSIBLE  # torch before 2.9 runs meta kernels in Python: no one-run sweep
 
 
-def unsupported(family: "Case", kwargs: dict[str, Any], train: bool = False) -> str | None:
+def unsupported(family: Case, kwargs: dict[str, Any], train: bool = False) -> str | None:
     """Why the installed transformers cannot run this row (None: it can)."""
     major = int(TRANSFORMERS.split(".")[0])
     if kwargs.get("attn_implementation") == "sdpa" and not getattr(transformers, family.model)._supports_sdpa:

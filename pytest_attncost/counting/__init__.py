@@ -11,8 +11,8 @@ ops, the torch backend looks inside them. Each step says what it did.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..errors import CountError
+from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..families import prepare_twin
 from ..inputs import to_real
 from ..ops import RawCount, is_fused, is_product
@@ -31,9 +32,6 @@ from .jit import count_forward
 from .masks import buffer_masks
 from .repeats import full_trace
 from .twin import HOOKS_NOTE, kept_torch_state, meta_twin, real_twin, unwrap, user_hooks
-from ..errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["HOOKS_NOTE", "Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward",
            "count_forward_torch", "fresh_count", "full_trace", "kept_torch_state", "meta_twin", "model_class",

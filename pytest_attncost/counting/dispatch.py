@@ -27,14 +27,12 @@ from torch.utils import _pytree as pytree
 
 from .. import one_run
 from ..errors import CountError, hint, site
+from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
 from . import flex
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, score_op, sdpa_label
 from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
 from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
-from ..errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["at_lengths", "count_forward_torch", "module_totals"]
 
@@ -145,9 +143,8 @@ class _TorchRecorder:
     """
 
     def __init__(self, model: nn.Module, masks: Mapping[str, Pattern], train: bool = False) -> None:
-        from torch.utils.weak import WeakTensorKeyDictionary
-
         from torch._C._autograd import _get_sequence_nr
+        from torch.utils.weak import WeakTensorKeyDictionary
 
         self.sequence_nr = _get_sequence_nr
         self.records: list[OpRecord] = []

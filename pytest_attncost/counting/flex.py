@@ -38,9 +38,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 __all__ = ["FLEX_NOTES", "UNREAD_WARNING", "Keeps", "StandInMask", "into_records", "mask_keeps", "new_trace",
            "standing_in", "traced_keeps", "unread"]

@@ -20,9 +20,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
+from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
 __all__ = ["NO_SCOPES", "graph_metadata", "model_class", "run_in_scopes", "shell_containers", "unscoped"]
 

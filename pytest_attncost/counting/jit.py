@@ -23,17 +23,16 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from .. import ops
 from ..errors import CountError, hint, site
+from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..families import traceable
-from ..ops import MASK_UNKNOWN, PRODUCTS, SDPA_OPS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, is_product, short
+from ..ops import PRODUCTS, SDPA_OPS, OpRecord, RawCount, is_product, short
+from . import repeats
 from .flex import new_trace, traced_keeps
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, score_op, sdpa_label
-from .repeats import (SHORTCUT, NotRepeating, Repeats, Run, alike, copied, layer_records, passes_through, rename,
-                      transported)
+from .repeats import NotRepeating, Repeats, Run, copied
 from .twin import drop_hooks, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
-from ..errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["EXTRA_HANDLES", "count_forward"]
 
@@ -58,7 +57,7 @@ def _from_table(op: str) -> Callable[[list[Any], list[Any]], int]:
 
 def _sdpa_macs(inputs: list[Any], outputs: list[Any]) -> int:
     q, k, v = (_shape(value) for value in inputs[:3])
-    return attention_macs(q, k, v)
+    return ops.attention_macs(q, k, v)
 
 
 def _einsum_macs(inputs: list[Any], outputs: list[Any]) -> int:
@@ -160,7 +159,7 @@ class _TraceContext:
                 if 0 <= index < len(self.state_is_param):
                     return "param" if self.state_is_param[index] else "buffer"
                 return "activation"
-            if short(kind) not in VIEW_OPS:
+            if short(kind) not in ops.VIEW_OPS:
                 return "activation"
             value = next(iter(node.inputs()))
         return "activation"
@@ -366,7 +365,7 @@ class _GraphMasks:
             if causal_at < len(inputs):
                 flag = inputs[causal_at]
                 # a flag computed in the trace (not a constant) cannot be told
-                is_causal = self.abstract(flag) if flag.node().kind() == "prim::Constant" else MASK_UNKNOWN
+                is_causal = self.abstract(flag) if flag.node().kind() == "prim::Constant" else ops.MASK_UNKNOWN
             mask_value = inputs[mask_at] if mask_at < len(inputs) else None
             if mask_value is None or mask_value.node().kind() == "prim::Constant" or not _is_tensor(mask_value):
                 return sdpa_label(is_causal, False, None, None)
@@ -479,15 +478,15 @@ def _count_forward(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], flop_count_analysis: Any,
     default_ops: Mapping[str, Handle], buffer_masks: Mapping[str, Pattern] | None,
 ) -> RawCount:
-    if SHORTCUT.get() and _all_meta(model, (args, kwargs)):
-        repeats = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
-        if repeats:
+    if repeats.SHORTCUT.get() and _all_meta(model, (args, kwargs)):
+        layers = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
+        if layers:
             try:
-                return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, repeats)
+                return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, layers)
             except NotRepeating:
                 drop_hooks(model)  # the harness's (and, after a failed trace, fvcore's) hooks
             finally:
-                repeats.undo()
+                layers.undo()
     return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, None)
 
 
@@ -648,7 +647,7 @@ def _placement(records: list[OpRecord], stubs: Mapping[str, Run], second_of: Map
     return placement, new_of, copy_at, earlier, marker_of
 
 
-def _expand_markers(records: list[OpRecord], repeats: Repeats, by_module: dict[str, int]) -> tuple[list[OpRecord], int]:
+def _expand_markers(records: list[OpRecord], layers: Repeats, by_module: dict[str, int]) -> tuple[list[OpRecord], int]:
     """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module.
 
     Sources move with the records (:func:`.repeats.transported`); what reached a marker reaches the copy's
@@ -656,24 +655,24 @@ def _expand_markers(records: list[OpRecord], repeats: Repeats, by_module: dict[s
 
     Raises NotRepeating if the first two layers' records differ, or a copied layer left no marker.
     """
-    stubs = repeats.stub_of()
+    stubs = layers.stub_of()
     first_of: dict[str, list[int]] = {}  # second layer -> the first layer's records
     second_of: dict[str, list[int]] = {}  # second layer -> its own records
     passes: dict[str, bool] = {}
-    for run in repeats.runs:
+    for run in layers.runs:
         if run.replicated:
             one, two = run.names[:2]
-            first_of[two], second_of[two] = layer_records(records, one), layer_records(records, two)
-            if not alike(records, first_of[two], second_of[two], one, two):
+            first_of[two], second_of[two] = repeats.layer_records(records, one), repeats.layer_records(records, two)
+            if not repeats.alike(records, first_of[two], second_of[two], one, two):
                 raise NotRepeating
-            passes[two] = passes_through(records, first_of[two], second_of[two])
+            passes[two] = repeats.passes_through(records, first_of[two], second_of[two])
     placement, new_of, copy_at, earlier, marker_of = _placement(records, stubs, second_of)
 
     def moved_to(copy: str, sources: Sequence[int]) -> tuple[int, ...]:
         second = stubs[copy].names[1]
         before = [[new_of[i] for i in first_of[second]], [new_of[i] for i in second_of[second]],
                   *(copy_at[c] for c in earlier[copy])]
-        return transported(sources, first_of[second], second_of[second], before, copy_at[copy], passes[second],
+        return repeats.transported(sources, first_of[second], second_of[second], before, copy_at[copy], passes[second],
                            mapped)
 
     def mapped(source: int) -> tuple[int, ...]:
@@ -692,9 +691,9 @@ def _expand_markers(records: list[OpRecord], repeats: Repeats, by_module: dict[s
     extra = 0
     for name, run in stubs.items():
         traced = run.names[1]
-        for key in [k for k in by_module if rename(k, traced, traced) is not None]:
-            by_module[rename(key, traced, name)] = by_module[key]  # type: ignore[index]
-        for key in ancestors(name.rpartition(".")[0]):
+        for key in [k for k in by_module if repeats.rename(k, traced, traced) is not None]:
+            by_module[repeats.rename(key, traced, name)] = by_module[key]  # type: ignore[index]
+        for key in ops.ancestors(name.rpartition(".")[0]):
             by_module[key] = by_module.get(key, 0) + by_module[traced]
         extra += by_module[traced]
     return out, extra

@@ -22,10 +22,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..ops import MASK_CAUSAL, MASK_NONE, MASK_UNKNOWN
-from ..errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "buffer_masks", "combine", "mask_transfer",
            "score_op",

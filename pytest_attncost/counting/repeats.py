@@ -35,11 +35,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..ops import OpRecord
 from .masks import Pattern
-from ..errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["SHORTCUT", "NotRepeating", "Repeats", "Run", "alike", "copied", "full_trace", "layer_records",
            "passes_through", "rename", "transported"]

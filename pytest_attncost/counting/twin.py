@@ -14,11 +14,9 @@ import torch
 from torch import nn
 
 from ..errors import CountError
+from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..families import patchify_conv
 from .graphs import graph_metadata, run_in_scopes
-from ..errors import hidden
-
-__tracebackhide__ = hidden  # pytest shows the user's frames, not these (see errors.hidden)
 
 __all__ = ["HOOKS_NOTE", "as_if_compiling", "drop_hooks", "kept_torch_state", "user_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
            "unwrap"]
