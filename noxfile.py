@@ -36,6 +36,7 @@ def stack(session: nox.Session, stack: str) -> None:
     session.install("-e", ".[test]", f"transformers=={versions['transformers']}", f"pytest=={versions['pytest']}",
                     env=env)
     session.run("python", "-c", "import torch, transformers, pytest; "
-                "print('torch', torch.__version__, 'transformers', transformers.__version__, 'pytest', pytest.__version__)")
+                "print('torch', torch.__version__, 'transformers', transformers.__version__, "
+                "'pytest', pytest.__version__)")
     session.run("pytest", "tests", "-n", "2", *session.posargs)
     session.run("pytest", "examples", "--attncost-report", "--slow")

@@ -280,7 +280,7 @@ def _suite(directory: Path, shapes: int) -> None:
             "",
         ]
     (directory / "test_costs.py").write_text("\n".join(lines))
-    plain = ["def test_plain_%d():\n    assert sum(range(100)) == 4950\n" % i for i in range(1000)]
+    plain = [f"def test_plain_{i}():\n    assert sum(range(100)) == 4950\n" for i in range(1000)]
     (directory / "test_plain.py").write_text("\n".join(plain))
     (directory / "pytest.ini").write_text("[pytest]\n")
 
@@ -315,7 +315,8 @@ def main() -> int:
         rows.append((what, measured, target, ok))
         print(f"  {what}: {measured} (target {target}) {'ok' if ok else 'MISSED'}", file=sys.stderr, flush=True)
 
-    for model, n, label in (("bert", 512, "BERT-base"), ("bert", long_n, "BERT-base"), ("llama", long_n, "LLaMA-2-7B shape")):
+    cases = (("bert", 512, "BERT-base"), ("bert", long_n, "BERT-base"), ("llama", long_n, "LLaMA-2-7B shape"))
+    for model, n, label in cases:
         bare = run_child("child_against_bare", model=model, n=n, rounds=5)
         floor = "bare FlopCounterMode on meta" if model == "bert" else "bare FlopCounterMode (fake tensors)"
         for backend in ("fvcore", "torch"):

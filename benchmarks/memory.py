@@ -72,7 +72,8 @@ def main() -> int:
     print(f"  + memory=True    {memory['seconds']:7.2f} s   peak RSS {memory['rss_mb']:7.1f} MB   "
           f"estimated peak {memory['peak'] / 1e9:,.1f} GB in {memory['phase']}")
     ok = ratio <= RATIO_TARGET and memory["rss_mb"] < RSS_TARGET_MB
-    print(f"  the estimate alone: {ratio:.2f}x the MAC profile (target <= {RATIO_TARGET:g}x), RSS target < {RSS_TARGET_MB:g} MB: "
+    print(f"  the estimate alone: {ratio:.2f}x the MAC profile (target <= {RATIO_TARGET:g}x), "
+          f"RSS target < {RSS_TARGET_MB:g} MB: "
           f"{'holds' if ok else 'DOES NOT HOLD'}")
     return 0 if ok else 1
 

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pytest_attncost import TimingSweep, measure
+    from pytest_attncost import Timing, TimingSweep, measure
     from pytest_attncost.api import spec_of
     from pytest_attncost.plots import plot_time_shares
     from pytest_attncost.units import format_seconds
@@ -75,14 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:" * (header.count("|") - 1) + "|")
     timings = []
     started = time.perf_counter()
+
+    def rate(t: Timing, part: str) -> str:
+        return f"{(t.macs_per_second(part) or 0) / 1e9:.1f} G"
+
     for n in args.ns:
         t = measure(bert_base, n, device=args.device, dtype=dtype, warmup=args.warmup, repeats=args.repeats,
                     threads=args.threads)
         timings.append(t)
-        rate = lambda part: f"{(t.macs_per_second(part) or 0) / 1e9:.1f} G"  # noqa: E731
         print(f"| {n:,} | {t.attention_mac_share:.3f} | {t.attention_time_share:.3f} "
               f"± {t.spread('attention_time_share'):.3f} | {t.quadratic_time_share:.3f} | {format_seconds(t.forward)} "
-              f"| {t.attributed / t.traced:.1%} | {rate('attention')} | {rate('ffn')} |", flush=True)
+              f"| {t.attributed / t.traced:.1%} | {rate(t, 'attention')} | {rate(t, 'ffn')} |", flush=True)
     sweep = TimingSweep(timings, spec)
     where = timings[0].device_name
     measured, formula, counted = sweep.crossover(), sweep.formula_crossover(), sweep.mac_crossover()

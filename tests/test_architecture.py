@@ -84,7 +84,8 @@ def test_no_import_circles() -> None:
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     # a package's __init__ re-exporting its own modules is not a circle through them
-    graph = {name: {t for t in targets if not (t.startswith(name + ".") and name != "")} for name, targets in graph.items()}
+    graph = {name: {t for t in targets if not (t.startswith(name + ".") and name != "")}
+             for name, targets in graph.items()}
     state: dict[str, int] = {}
     path: list[str] = []
 
@@ -152,4 +153,5 @@ def test_sweep_is_the_function_after_every_submodule_is_imported() -> None:
         if name != "__main__":
             importlib.import_module(f"pytest_attncost.{name}")
     found = [getattr(pytest_attncost, name) for name in ("sweep", "measure", "profile")]
-    assert all(callable(f) and not hasattr(f, "__path__") and f.__module__ == "pytest_attncost.api" for f in found), found
+    assert all(callable(f) and not hasattr(f, "__path__") and f.__module__ == "pytest_attncost.api"
+               for f in found), found

@@ -186,7 +186,8 @@ def test_json_report_serves_as_baseline(suite):
         ("", "baseline * is empty; fix or delete it*"),
         ('{"schema": 1, "unit": "MAC", "profiles": [', "baseline * is not valid JSON (truncated or corrupt?)*"),
         ("not json at all", "baseline * is not valid JSON*"),
-        ('{"schema": 99, "unit": "MAC", "profiles": []}', "baseline * has schema 99; this pytest-attncost reads schema 1*"),
+        ('{"schema": 99, "unit": "MAC", "profiles": []}',
+         "baseline * has schema 99; this pytest-attncost reads schema 1*"),
         ('{"benchmarks": []}', "baseline * is not an attncost baseline*"),
         ('{"schema": 1, "unit": "MAC", "profiles": [{"test_id": "x"}]}', "baseline *: profile #0 has no valid 'name'*"),
         ('{"schema": 1, "unit": "MAC", "profiles": [], "x": NaN}', "baseline * is not valid JSON*NaN is not a count*"),
@@ -212,7 +213,8 @@ def test_missing_and_conflicting_options(suite):
     result.stderr.fnmatch_lines(["*--attncost-save=*b.json and --attncost-compare=*b.json name the same file*"])
     result = suite.runpytest("--attncost-max-increase=lots")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--attncost-max-increase: expected a percentage >= 0 such as 2.5, or per part such as ffn:5%,total:0%, got 'lots'*"])
+    result.stderr.fnmatch_lines(["*--attncost-max-increase: expected a percentage >= 0 such as 2.5, "
+                                 "or per part such as ffn:5%,total:0%, got 'lots'*"])
 
 
 def test_dev_null_and_huge_baselines(tmp_path, monkeypatch):
@@ -259,4 +261,5 @@ def test_version_drift_is_warned(suite):
     path.write_text(json.dumps(document))
     result = suite.runpytest("--attncost-compare=base.json")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*warning: the baseline was made with other versions (torch 0.0.1 -> *); counts may differ*"])
+    result.stdout.fnmatch_lines(["*warning: the baseline was made with other versions (torch 0.0.1 -> *); "
+                                 "counts may differ*"])

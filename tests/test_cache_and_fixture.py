@@ -214,7 +214,8 @@ def test_bad_cache_ini_value_names_the_key(project):
     project.makeini("[pytest]\nattncost_cache = maybe\n")
     result = project.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*attncost_cache in the ini file: invalid truth value 'maybe'; expected true or false*"])
+    result.stderr.fnmatch_lines(["*attncost_cache in the ini file: invalid truth value 'maybe'; "
+                                 "expected true or false*"])
 
 
 def test_no_cache_is_in_help(project):

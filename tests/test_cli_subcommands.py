@@ -248,7 +248,8 @@ def test_profile_json_is_a_report_compare_reads(tmp_path, capsys):
         (":bert_like", "expected MODULE:FACTORY"),
         ("no_such_module_xyz:f", "cannot import no_such_module_xyz:f: No module named 'no_such_module_xyz'; "
                                  "give a dotted module importable from the current directory"),
-        ("missing.py:f", "cannot import missing.py:f: no file missing.py; give an existing .py file or a dotted module"),
+        ("missing.py:f", "cannot import missing.py:f: no file missing.py; "
+                         "give an existing .py file or a dotted module"),
         ("tiny_models:bert_lik", "cannot use tiny_models:bert_lik: module tiny_models has no attribute 'bert_lik' "
                                  "(did you mean 'bert_like'?); after the colon, name a zero-argument function"),
         ("tiny_models:LAYERS", "cannot use tiny_models:LAYERS: LAYERS is not callable (it is an int); point at a "
@@ -431,4 +432,5 @@ def test_profile_takes_a_spec_by_keywords(tmp_path, monkeypatch, capsys):
     spec = "hidden=32,heads=4,head_dim=8,layers=2,ffn_dim=128"  # a wider FFN than the model's 64
     assert cli.main(["profile", "mlp.py:model", "--n", "16", "--spec", spec, "--json"]) == 0
     (entry,) = json.loads(capsys.readouterr().out)["profiles"]
-    assert entry["spec"]["ffn_dim"] == 128 and entry["deviation"] == pytest.approx(0.5)  # |2·n·D·64 - 2·n·D·128| / 2·n·D·128
+    # |2·n·D·64 - 2·n·D·128| / 2·n·D·128
+    assert entry["spec"]["ffn_dim"] == 128 and entry["deviation"] == pytest.approx(0.5)

@@ -95,7 +95,8 @@ def test_a_profile_set_beside_the_conventions_is_palm_to_the_mac():
     layers = model.attention + model.ffn
     assert layers == PALM and model.conventions()[0].macs == PALM
     with_head = profile(lambda: LlamaForCausalLM(LlamaConfig()), N)
-    assert with_head.total - model.other == {c.name: c for c in with_head.conventions(vocab=V)}["Megatron-LM (2024)"].macs
+    megatron = {c.name: c for c in with_head.conventions(vocab=V)}["Megatron-LM (2024)"]
+    assert with_head.total - model.other == megatron.macs
     # the head read from the model: Megatron-LM (2024) includes it without vocab=; a model without one has none
     assert with_head.head_vocab == V and model.head_vocab == 0
     assert {c.name: c for c in with_head.conventions()}["Megatron-LM (2024)"].macs == PALM + HEAD

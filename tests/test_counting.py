@@ -362,9 +362,10 @@ def test_untraceable_model_gives_the_tracers_reason():
                 return self.attn(x, x, x)[0]
             return x
 
-    with pytest.raises(ProfileError, match=r"could not trace DataDependent on the meta device in the model \(DataDependent\) at "
-                                           r".*test_counting.py:\d+ \(`if x.sum\(\) > 0:.*`\): .*\nFix: forward\(\) reads "
-                                           r"tensor values"):
+    expected = (r"could not trace DataDependent on the meta device in the model \(DataDependent\) at "
+                r".*test_counting.py:\d+ \(`if x.sum\(\) > 0:.*`\): .*\nFix: forward\(\) reads "
+                r"tensor values")
+    with pytest.raises(ProfileError, match=expected):
         profile(DataDependent(), inputs=(torch.zeros(1, 16, D),), fallback=False)
 
 
@@ -495,7 +496,9 @@ def test_half_precision_weights(dtype):
 def test_factory_moving_to_cuda_gets_a_clear_error():
     if torch.cuda.is_available():
         pytest.importorskip("no_such_module", reason="this machine has a GPU: the CPU-only case cannot arise")
-    with pytest.raises(ProfileError, match=r"the model factory .* failed on the meta device .*if it builds on the CPU, pass the built nn.Module instead; otherwise the error is the factory's own"):
+    expected = (r"the model factory .* failed on the meta device .*if it builds on the CPU, "
+                r"pass the built nn.Module instead; otherwise the error is the factory's own")
+    with pytest.raises(ProfileError, match=expected):
         profile(lambda: tm.torch_encoder().to("cuda"), 16)
 
 

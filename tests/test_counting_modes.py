@@ -149,7 +149,8 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     def __init__(self, mask: str) -> None:
         super().__init__()
-        self.sa, self.ffwd, self.ln1, self.ln2 = MultiHeadAttention(mask), FeedForward(), nn.LayerNorm(D), nn.LayerNorm(D)
+        self.sa, self.ffwd = MultiHeadAttention(mask), FeedForward()
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.sa(self.ln1(x))
@@ -261,7 +262,8 @@ def test_train_scopes_are_the_same_under_every_hash_seed_and_three_times_forward
     results.append(json.loads(run.stdout))
     assert results[0] == results[1]  # records, scopes, origins, masks: all of it
     for name, counts in results[0].items():
-        forward, train = _per_scope(count_forward_torch(meta_twin(MODELS[name]()), _tokens(), {}).records), counts["train"]
+        forward = _per_scope(count_forward_torch(meta_twin(MODELS[name]()), _tokens(), {}).records)
+        train = counts["train"]
         assert sum(forward.values()) == FORWARD
         assert sum(train.values()) == 3 * FORWARD == 2_752_512
         assert counts["by_module"][""] == 3 * FORWARD
@@ -715,7 +717,8 @@ def test_einsum_multi_query_attention_reads_n_on_both_backends(backend: str) -> 
                 backend=backend)
     assert (p.n, p.batch) == (n, 1)
     assert p.attention_core == 2 * 2 * heads * n * n * head_dim
-    assert p.attention_proj == 2 * (n * width * heads * head_dim + n * width * 2 * head_dim + n * heads * head_dim * width)
+    q, kv, out = n * width * heads * head_dim, n * width * 2 * head_dim, n * heads * head_dim * width
+    assert p.attention_proj == 2 * (q + kv + out)
     assert (p.ffn, p.warnings) == (2 * 2 * n * width * 4 * width, ())
 
 

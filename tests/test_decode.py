@@ -129,7 +129,8 @@ class _Block(nn.Module):
     def __init__(self, width, heads):
         super().__init__()
         self.attn = _Attention(width, heads)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width, bias=False), nn.ReLU(), nn.Linear(4 * width, width, bias=False))
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width, bias=False), nn.ReLU(),
+                                 nn.Linear(4 * width, width, bias=False))
 
     def forward(self, x, cache):
         x = x + self.attn(x, cache)
@@ -224,8 +225,9 @@ def test_bad_decode_arguments():
 @pytest.mark.parametrize("backend", ["fvcore", "torch"])
 def test_a_decode_step_whose_model_never_gets_the_cache_is_an_error(backend):
     # one new token and no cache argument: the attention sees 1 key, not the 64 cached ones
-    with pytest.raises(ProfileError, match=r"cache of n=64 tokens was asked for, but the attention saw 1 key\(s\), no "
-                                           r"more than the step's own new_tokens=1: the model never received the cache"):
+    expected = (r"cache of n=64 tokens was asked for, but the attention saw 1 key\(s\), no "
+                r"more than the step's own new_tokens=1: the model never received the cache")
+    with pytest.raises(ProfileError, match=expected):
         profile(CachedDecoder(), 64, mode="decode", inputs=lambda n, b: (torch.zeros(b, 1, 16),), spec=TINY,
                 backend=backend)
     # two new tokens and a cache of 3: the attention sees 5 keys, the cache holds 2 x [1, 2, 3, 8] floats

@@ -88,9 +88,9 @@ def test_mfu_passes_and_fails_as_it_should():
     assert check_mfu([timing], 0.45, 2e12) == []
     assert check_mfu([timing], 0.52, 2e12) == []
     [message] = check_mfu([timing], 0.53, 2e12)
-    assert message == ("MFU 0.500 < mfu_min 0.53 beyond the noise at n=512 on this CPU: 1e+12 model FLOP (the exact count "
-                       "of the forward, 2 FLOP per MAC, causal='full') in 1 s (median of 5 forwards, spread ±50 ms) = 1e+12 FLOP/s "
-                       "against a peak of 2e+12 FLOP/s")
+    assert message == ("MFU 0.500 < mfu_min 0.53 beyond the noise at n=512 on this CPU: 1e+12 model FLOP "
+                       "(the exact count of the forward, 2 FLOP per MAC, causal='full') in 1 s "
+                       "(median of 5 forwards, spread ±50 ms) = 1e+12 FLOP/s against a peak of 2e+12 FLOP/s")
 
 
 def test_mfu_against_a_named_peak():
@@ -138,8 +138,8 @@ def test_mfu_min_in_a_test_run(project):
     result = project.runpytest("-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*attncost: MFU 0.0* < mfu_min 0.5 beyond the noise at n=32 on this CPU: * model FLOP "
-                                 "(the exact count of the forward, 2 FLOP per MAC, causal='full') in * against H100 SXM bf16's "
-                                 "989.4 TFLOP/s"])
+                                 "(the exact count of the forward, 2 FLOP per MAC, causal='full') in * "
+                                 "against H100 SXM bf16's 989.4 TFLOP/s"])
 
 
 # --- bytes from the meta trace -------------------------------------------------------------------------------

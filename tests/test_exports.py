@@ -96,4 +96,5 @@ def test_a_wrong_export_is_a_usage_error(project):
     result.stderr.fnmatch_lines(["*--attncost-export=prometheus:out.txt: expected FORMAT:PATH with FORMAT one of "
                                  "github-action-benchmark, bencher*"])
     clash = project.runpytest("--attncost-export=bencher:out.json", "--attncost-json=out.json")
-    clash.stderr.fnmatch_lines(["*--attncost-json=*/out.json and --attncost-export=bencher:*/out.json name the same file*"])
+    clash.stderr.fnmatch_lines(["*--attncost-json=*/out.json and --attncost-export=bencher:*/out.json "
+                                "name the same file*"])

@@ -160,7 +160,8 @@ def _litgpt_neox() -> nn.Module:
     from litgpt.model import GPT
 
     return GPT(Config(name="tiny-neox", block_size=64, vocab_size=V, padded_vocab_size=V, n_layer=L, n_head=H,
-                      n_embd=D, head_size=DH, intermediate_size=FF, mlp_class_name="GptNeoxMLP", parallel_residual=True))
+                      n_embd=D, head_size=DH, intermediate_size=FF, mlp_class_name="GptNeoxMLP",
+                      parallel_residual=True))
 
 
 LIT_ROWS = [
@@ -269,6 +270,7 @@ def test_x_transformers_roles_by_class_name_and_regex_give_the_same_split() -> N
     pytest.importorskip("x_transformers", reason="x_transformers is not installed (pip install -e '.[test]')")
     expected = X_ROWS[0].split
     for given in ({"attention": "class:Attention", "ffn": "class:FeedForward"},
-                  {"attention": r"re:attn_layers\.layers\.\d*[02468]\.1", "ffn": r"re:attn_layers\.layers\.\d*[13579]\.1"}):
+                  {"attention": r"re:attn_layers\.layers\.\d*[02468]\.1",
+                   "ffn": r"re:attn_layers\.layers\.\d*[13579]\.1"}):
         p = profile(X_ROWS[0].factory, N, batch=B, inputs=ids, roles=given)
         assert (p.attention_core, p.attention_proj, p.ffn) == expected, given

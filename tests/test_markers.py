@@ -67,7 +67,8 @@ def test_bad_values_name_the_keyword(keyword, value):
     [
         ({"n": 2**31}, Bounds(lengths=(2**31,))),
         ({"n": [128, 512], "batch": 4}, Bounds(lengths=(128, 512), batch=4)),
-        ({"attention_share_max": 0, "attention_share_min": 0}, Bounds(attention_share_max=0.0, attention_share_min=0.0)),
+        ({"attention_share_max": 0, "attention_share_min": 0},
+         Bounds(attention_share_max=0.0, attention_share_min=0.0)),
         ({"total_max": "3 FLOP"}, Bounds(total_max=__import__("fractions").Fraction(3, 2))),
     ],
 )

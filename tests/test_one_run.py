@@ -51,7 +51,7 @@ def test_a_decision_must_be_the_same_at_every_length():
     # not an Exception: a model's `except Exception:` cannot swallow it and carry on down one branch
     assert not issubclass(one_run.Diverged, Exception)
     with pytest.raises(one_run.Diverged, match="cannot answer 'some_method'"):
-        n.node.some_method  # a part of torch's protocol the node lacks fails the run, not just the call
+        _ = n.node.some_method  # a part of torch's protocol the node lacks fails the run, not just the call
 
 
 def test_one_run_leaves_torch_as_it_was_and_catches_a_swallowed_decision():

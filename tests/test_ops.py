@@ -197,7 +197,8 @@ def test_fvcore_extra_handles_cover_exactly_what_they_claim():
     assert all(PRODUCTS[op].macs is not None for op in FVCORE_TABLE_OPS)
     # the trace's inputs, as the op takes them (scalars beta and alpha after the matrices)
     calls = {
-        "aten::baddbmm": ([_Value(2, 3, 5), _Value(2, 3, 4), _Value(2, 4, 5), _Value(), _Value()], _Value(2, 3, 5), 120),
+        "aten::baddbmm": ([_Value(2, 3, 5), _Value(2, 3, 4), _Value(2, 4, 5), _Value(), _Value()],
+                          _Value(2, 3, 5), 120),
         "aten::addbmm": ([_Value(3, 5), _Value(2, 3, 4), _Value(2, 4, 5), _Value(), _Value()], _Value(3, 5), 120),
         "aten::mv": ([_Value(3, 4), _Value(4)], _Value(3), 12),
         "aten::addmv": ([_Value(3), _Value(3, 4), _Value(4), _Value(), _Value()], _Value(3), 12),
@@ -222,7 +223,8 @@ def test_torch_backend_extra_formulas_cover_exactly_what_they_claim():
 
     formulas = _extra_formulas()
     present = {name for name in TORCH_TABLE_OPS if hasattr(torch.ops.aten, name)}
-    sdpa = {name + suffix for name in TORCH_SDPA for suffix in ("", "_backward") if hasattr(torch.ops.aten, name + suffix)}
+    sdpa = {name + suffix for name in TORCH_SDPA for suffix in ("", "_backward")
+            if hasattr(torch.ops.aten, name + suffix)}
     quantized = {name for name in QUANTIZED if hasattr(torch.ops.quantized, name)}
     assert {str(packet) for packet in formulas} == (
         {f"aten.{name}" for name in present | sdpa} | {f"quantized.{name}" for name in quantized})
@@ -241,7 +243,8 @@ def test_torch_backend_extra_formulas_cover_exactly_what_they_claim():
         "vdot": ((meta(7), meta(7)), meta(), 2 * 7),
         "addbmm": ((meta(3, 5), meta(2, 3, 4), meta(2, 4, 5)), meta(3, 5), 2 * 120),
         "addr": ((meta(3, 5), meta(3), meta(5)), meta(3, 5), 2 * 15),
-        "_int_mm": ((meta(3, 4, dtype=torch.int8), meta(4, 5, dtype=torch.int8)), meta(3, 5, dtype=torch.int32), 2 * 60),
+        "_int_mm": ((meta(3, 4, dtype=torch.int8), meta(4, 5, dtype=torch.int8)),
+                    meta(3, 5, dtype=torch.int32), 2 * 60),
         "_weight_int8pack_mm": ((meta(3, 4), meta(5, 4, dtype=torch.int8), meta(5)), meta(3, 5), 2 * 60),
         "_grouped_mm": ((meta(24, 32), meta(4, 32, 64)), meta(24, 64), 2 * 49_152),
     }

@@ -45,7 +45,8 @@ def test_every_violation_is_listed(project):
         "attncost checks failed (5):",
         "*attention_share 0.600 > 0.5 at n=512*",
         "*quadratic_share 0.400 > 0.3 at n=512 (formula 0.400; quadratic term dominates at n=768 = 6hd)*",
-        "*total 337M MAC > total_max 100M MAC at n=512 (337,199,104 > 100,000,000 MAC; formula attention+ffn 336M MAC)*",
+        "*total 337M MAC > total_max 100M MAC at n=512 (337,199,104 > 100,000,000 MAC; "
+        "formula attention+ffn 336M MAC)*",
         "*ffn 134M MAC > ffn_max 1K MAC at n=512 (134,217,728 > 1,000 MAC; formula 134M MAC)*",
         "*linear_attention_saving 0.3500 > 0.1 at n=512*",
     ])
@@ -122,7 +123,8 @@ def test_class_and_module_marks_combine(project):
 @pytest.mark.parametrize(
     ("marker", "message"),
     [
-        ("n=512, atention_share_max=0.5", "unknown keyword 'atention_share_max' (did you mean 'attention_share_max'?); valid: *"),
+        ("n=512, atention_share_max=0.5",
+         "unknown keyword 'atention_share_max' (did you mean 'attention_share_max'?); valid: *"),
         ("n='512'", "n must be a positive int, got str '512'"),
         ("n=0", "n must be a positive int, got 0"),
         ("n=[128, -1]", "every n must be a positive int, got -1"),
@@ -130,7 +132,8 @@ def test_class_and_module_marks_combine(project):
         ("n=128, attention_share_max=1.5", "attention_share_max must be a number in [[]0, 1[]], got 1.5"),
         ("n=128, attention_share_max=True", "attention_share_max must be a number in [[]0, 1[]], got True"),
         ("n=128, attention_share_max=float('nan')", "attention_share_max must be a number in [[]0, 1[]], got nan"),
-        ("n=128, attention_share_min=0.6, attention_share_max=0.5", "attention_share_min 0.6 > attention_share_max 0.5*"),
+        ("n=128, attention_share_min=0.6, attention_share_max=0.5",
+         "attention_share_min 0.6 > attention_share_max 0.5*"),
         ("n=128, total_max='45 GB'", "total_max: cannot read '45 GB' as a count*"),
         ("n=128, formula_rtol=-1", "formula_rtol must be a finite number >= 0*"),
         ("128", "takes keyword arguments only*"),
@@ -218,13 +221,17 @@ def test_report_table(project):
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines([
         "*= attncost report (counts in MAC) =*",
-        "test * model * n * batch * total [[]MAC[]] * attention [[]MAC[]] * FFN [[]MAC[]] * other [[]MAC[]] * attn share * quad share * deviation * lin. saving * verdict",
+        "test * model * n * batch * total [[]MAC[]] * attention [[]MAC[]] * FFN [[]MAC[]] * other [[]MAC[]] "
+        "* attn share * quad share * deviation * lin. saving * verdict",
         # 2 layers at n=128: attention 2*(4*128*128^2 + 2*128^2*128) = 25,165,824; FFN 2*8*128*128^2 = 33,554,432
-        "test_suite.py::test_bert?n=128? * BertModel * 128 * 1 * 59.1M * 25.2M * 33.6M * 426K * 0.429 * 0.143 * 0 * 7.14% * ok",
-        "test_suite.py::test_bert?n=512? * BertModel * 512 * 1 * 337M * 201M * 134M * 1.65M * 0.600 * 0.400 * 0 * 35.00% * FAIL",
+        "test_suite.py::test_bert?n=128? * BertModel * 128 * 1 * 59.1M * 25.2M * 33.6M * 426K "
+        "* 0.429 * 0.143 * 0 * 7.14% * ok",
+        "test_suite.py::test_bert?n=512? * BertModel * 512 * 1 * 337M * 201M * 134M * 1.65M "
+        "* 0.600 * 0.400 * 0 * 35.00% * FAIL",
         "test_suite.py::test_encoder * encoder * 64 * 1 * * * * * * * 0 * * -",
         "thresholds (per layer, from the formula):",
-        "  BertModel (hidden 128, 2 heads x 64, ffn 512, 2 layers): attention overtakes FFN at n=256 = 2hd; quadratic term dominates at n=768 = 6hd",
+        "  BertModel (hidden 128, 2 heads x 64, ffn 512, 2 layers): attention overtakes FFN at n=256 = 2hd; "
+        "quadratic term dominates at n=768 = 6hd",
         "ops fvcore skipped*",
         # which elementwise ops BERT runs is transformers' own code (4.x adds add_ and sub): the line's form is ours
         "  BertModel [[]test_suite.py::test_bert[[]n=128[]] n=128, test_suite.py::test_bert[[]n=512[]] n=512[]]: "
@@ -308,7 +315,8 @@ def test_junitxml_carries_json_properties(project):
     project.makepyfile(test_suite=REPORT_SUITE)
     project.runpytest("--junitxml=junit.xml")
     tree = ET.parse(project.path / "junit.xml")
-    props = {case.get("name"): [json.loads(p.get("value")) for p in case.iter("property") if p.get("name") == "attncost"]
+    props = {case.get("name"): [json.loads(p.get("value")) for p in case.iter("property")
+                                if p.get("name") == "attncost"]
              for case in tree.iter("testcase")}
     assert props["test_bert[n=128]"][0]["attention_core"] == 8_388_608
     assert props["test_encoder"][0]["name"] == "encoder"
@@ -490,7 +498,8 @@ def test_bad_ini_values_are_usage_errors(project):
     project.makeini("[pytest]\nattncost_max_increase = two\n")
     result = project.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*attncost_max_increase = 'two' in the ini file: expected a percentage >= 0 such as 2.5, or per part such as ffn:5%,total:0%*"])
+    result.stderr.fnmatch_lines(["*attncost_max_increase = 'two' in the ini file: "
+                                 "expected a percentage >= 0 such as 2.5, or per part such as ffn:5%,total:0%*"])
 
 
 def test_prune_without_save_is_a_usage_error(project):

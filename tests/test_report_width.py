@@ -28,7 +28,8 @@ def test_the_examples_report_fits(width: int) -> None:
     # the essentials stay whatever the width
     assert header[:3] == ["test", "model", "n"] and header[-1] == "verdict"
     assert "total" in header  # a count stays whatever the width: the counts are the last thing dropped
-    assert "verdict: ok (its bounds held), FAIL (one broke), - (nothing bounded it)" in " ".join(" ".join(lines).split())
+    assert ("verdict: ok (its bounds held), FAIL (one broke), - (nothing bounded it)"
+            in " ".join(" ".join(lines).split()))
     without_baseline = render_terminal([row.replace(vs_baseline=None) for row in example_rows()], width=width)
     assert "total" in without_baseline[0] and "share" in without_baseline[0]
     if width >= 200:
@@ -148,8 +149,9 @@ def test_the_skipped_ops_are_one_line_unless_the_full_report_is_asked_for() -> N
     kinds = {op for row in rows for op in row.profile.unsupported_ops}
     short = render_terminal(rows, width=200)
     start = short.index("ops fvcore skipped (not in the counts; elementwise ops are expected here):")
+    profiles = sum(1 for r in rows if r.profile.unsupported_ops)
     assert short[start + 1:start + 3] == [
-        f"  {len(kinds)} kinds of op in {sum(1 for r in rows if r.profile.unsupported_ops)} profiles; none multiplies matrices "
+        f"  {len(kinds)} kinds of op in {profiles} profiles; none multiplies matrices "
         "(--attncost-report-full lists them)", ""]
     full = render_terminal(rows, full=True)
     start = full.index("ops fvcore skipped (not in the counts; elementwise ops are expected here):")

@@ -72,7 +72,8 @@ def test_terminal_and_markdown_show_the_same_sections():
         assert f"**{section.title[0].upper()}{section.title[1:]}:**" in markdown
         for line in section.lines:
             shown = line
-            for test_id in sorted({r.test_id for r in rows}, key=len, reverse=True):  # ids in code spans, as in the table
+            # ids in code spans, as in the table
+            for test_id in sorted({r.test_id for r in rows}, key=len, reverse=True):
                 shown = shown.replace(test_id, f"`{test_id}`")
             assert line in terminal and f"- {shown}" in markdown
     assert "DISAGREE" in markdown  # the cross-check once missing from Markdown

@@ -342,7 +342,8 @@ def test_unet_cross_attention_blocks():
     def unet():
         return diffusers.UNet2DConditionModel(
             sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
-            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
             cross_attention_dim=48, attention_head_dim=16, norm_num_groups=8)
 
     m = 8

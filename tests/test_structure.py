@@ -526,7 +526,8 @@ def test_layers_without_attention_in_a_hybrid_stack_are_named() -> None:
     mixer_only = lin(tokens, D, D) + b * D * (n + 2) * 3 + lin(tokens, D, FF) + lin(tokens, FF, D)
     assert p.other == 2 * mixer_only + lin(tokens, D, 8)
     assert p.warnings == (f"blocks.0, blocks.2: 2 layer(s) beside the attention layers ran no attention core; their "
-                          f"{2 * mixer_only:,} MAC (their FFNs included) are counted as other; pass roles= to place them",)
+                          f"{2 * mixer_only:,} MAC (their FFNs included) are counted as other; "
+                          "pass roles= to place them",)
 
 
 def test_a_hybrid_config_gets_no_formula_that_puts_attention_in_every_layer() -> None:

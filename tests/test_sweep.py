@@ -88,7 +88,8 @@ def test_crossover_bounds(project, low, high, outcome):
     result.assert_outcomes(**{outcome: 1})
     # every row the sweep bound judged says what the test's outcome says, in the table and the JSON
     verdict = "ok" if outcome == "passed" else "FAIL"
-    rows = [line.split() for line in result.stdout.lines if line.split()[:2] == ["test_crossover_bounds.py::test_sweep", "BertModel"]]
+    row_start = ["test_crossover_bounds.py::test_sweep", "BertModel"]
+    rows = [line.split() for line in result.stdout.lines if line.split()[:2] == row_start]
     assert len(rows) == 2 and [row[-1] for row in rows] == [verdict, verdict]
     document = json.loads((project.path / "r.json").read_text())
     assert [entry["verdict"] for entry in document["profiles"]] == [verdict, verdict]
@@ -97,7 +98,8 @@ def test_crossover_bounds(project, low, high, outcome):
         "quadratic term = linear terms at n=4,608 (formula 4,608)",
     ])
     if low > 1536:
-        result.stdout.fnmatch_lines(["*crossover n=1,536 < crossover_min 1,537 (sweep of BertModel over n=[[]512, 8192[]]; formula 1,536)*"])
+        result.stdout.fnmatch_lines(["*crossover n=1,536 < crossover_min 1,537 "
+                                     "(sweep of BertModel over n=[[]512, 8192[]]; formula 1,536)*"])
     if high < 1536:
         result.stdout.fnmatch_lines(["*crossover n=1,536 > crossover_max 1,535*"])
 
@@ -129,7 +131,8 @@ def test_plots_are_written_and_linked(project):
                                "--attncost-json=out/report.json", "--attncost-report")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["sweeps (thresholds solved exactly from the measured counts):",
-                                 "  test_plots_are_written_and_linked.py::test_sweep [[]BertModel n=[[]64, 256, 1024[]][]]: "
+                                 "  test_plots_are_written_and_linked.py::test_sweep "
+                                 "[[]BertModel n=[[]64, 256, 1024[]][]]: "
                                  "attention = FFN at n=256 (formula 256); quadratic term = linear terms at n=768 "
                                  "(formula 768)",
                                  "  plots: 2 PNG (and SVG) in */out/plots"])

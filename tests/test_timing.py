@@ -37,7 +37,8 @@ def timing(attention: list[float], ffn: list[float], *, n: int = 512, name: str 
     """Attention time split evenly between core and projections; other = 0."""
     return Timing.from_samples(
         {"attention_core": [a / 2 for a in attention], "attention_proj": [a / 2 for a in attention], "ffn": ffn},
-        name=name, n=n, macs=macs or BERT_512_MACS, device=device, device_name="NVIDIA H200" if device != "cpu" else "x",
+        name=name, n=n, macs=macs or BERT_512_MACS, device=device,
+        device_name="NVIDIA H200" if device != "cpu" else "x",
     )
 
 

@@ -29,7 +29,8 @@ def test_parse(text, macs):
     assert parse_count(text) == macs
 
 
-@pytest.mark.parametrize("bad", ["", "G", "45 GB", "-1G", "45 GiB", "4 5G", True, None, -3, float("nan"), float("inf"), [1]])
+@pytest.mark.parametrize("bad", ["", "G", "45 GB", "-1G", "45 GiB", "4 5G", True, None, -3,
+                                 float("nan"), float("inf"), [1]])
 def test_parse_rejects(bad):
     with pytest.raises(UnitError):
         parse_count(bad)
@@ -49,7 +50,8 @@ def test_format(macs, unit, text):
     assert format_count(macs, unit) == text
 
 
-@given(st.integers(0, 10**18), st.sampled_from(["", "K", "M", "G", "T", "P"]), st.sampled_from(["", "MAC", "FLOP", "macs"]))
+@given(st.integers(0, 10**18), st.sampled_from(["", "K", "M", "G", "T", "P"]),
+       st.sampled_from(["", "MAC", "FLOP", "macs"]))
 def test_parse_roundtrip(number, prefix, unit):
     scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}[prefix]
     expected = Fraction(number * scale, 2 if unit == "FLOP" else 1)

@@ -95,7 +95,8 @@ def times(k: int, part: dict[str, int]) -> dict[str, int]:
 
 # --- one layer, by kind --------------------------------------------------------------------
 
-def self_attention(b: int, n: int, hidden: int, heads: int, head_dim: int, kv_heads: int | None = None) -> dict[str, int]:
+def self_attention(b: int, n: int, hidden: int, heads: int, head_dim: int,
+                   kv_heads: int | None = None) -> dict[str, int]:
     """Separate (or fused, same cost) Q, K, V and an output projection."""
     t, g = b * n, heads if kv_heads is None else kv_heads
     proj = lin(t, hidden, heads * head_dim) + 2 * lin(t, hidden, g * head_dim) + lin(t, heads * head_dim, hidden)
@@ -104,7 +105,8 @@ def self_attention(b: int, n: int, hidden: int, heads: int, head_dim: int, kv_he
 
 def cross_attention(b: int, n: int, m: int, hidden: int, heads: int, head_dim: int) -> dict[str, int]:
     """Queries from n decoder tokens, keys/values from m memory tokens."""
-    proj = lin(b * n, hidden, heads * head_dim) + 2 * lin(b * m, hidden, heads * head_dim) + lin(b * n, heads * head_dim, hidden)
+    q, kv = lin(b * n, hidden, heads * head_dim), 2 * lin(b * m, hidden, heads * head_dim)
+    proj = q + kv + lin(b * n, heads * head_dim, hidden)
     return split(core(b, heads, n, m, head_dim), proj)
 
 
@@ -301,7 +303,8 @@ FAMILIES = [
     Case("mistral", "MistralConfig", "MistralModel", dict(GQA_SHAPE, head_dim=24, sliding_window=8),
          lambda n, b: llama_like(n, b, head_dim=24)),
     Case("qwen2", "Qwen2Config", "Qwen2Model", GQA_SHAPE, llama_like),
-    Case("qwen3", "Qwen3Config", "Qwen3Model", dict(GQA_SHAPE, head_dim=32), lambda n, b: llama_like(n, b, head_dim=32)),
+    Case("qwen3", "Qwen3Config", "Qwen3Model", dict(GQA_SHAPE, head_dim=32),
+         lambda n, b: llama_like(n, b, head_dim=32)),
     Case("gemma", "GemmaConfig", "GemmaModel", dict(DECODER_SHAPE, num_key_value_heads=1, head_dim=32),
          lambda n, b: llama_like(n, b, head_dim=32, kv=1)),
     Case("gemma2", "Gemma2Config", "Gemma2Model", dict(GQA_SHAPE, head_dim=32, sliding_window=8),
