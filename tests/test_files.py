@@ -93,21 +93,72 @@ def test_prune_after_a_run_given_paths_or_node_ids_drops_only_what_it_could_see(
     assert len(saved()) == 5
 
 
-def test_concurrent_saves_and_reports_lose_nothing(suite: pytest.Pytester) -> None:
-    # real processes, started together: two pytest sessions saving one baseline (before the lock, every attempt
-    # lost one run's entries, 5 of 5) and writing one JSON and one Markdown report
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(suite.path), os.environ.get("PYTHONPATH", "")])}
+# The first session (a subprocess) holds its save's window open, between reading the baseline and replacing it, until
+# the second (in-process) has reached its save and then a moment more: a save without the lock reads the old
+# baseline in that moment and loses the first's entries (before the lock, every attempt lost one run's, 5 of 5).
+HELD_SAVE = """
+import os, time
+from pathlib import Path
+import pytest
+
+def wait_for(flag):
+    deadline = time.monotonic() + 600  # a safety net for a session that never comes, not a measure of speed
+    while not Path(flag).exists():
+        assert time.monotonic() < deadline, flag
+        time.sleep(0.05)
+
+if os.environ.get("SAVE_ROLE") == "first":
+    from pytest_attncost import baseline
+
+    render = baseline.render_baseline
+    def held(*args, **kwargs):  # called with the baseline read, before it is replaced
+        Path("first-in.flag").touch()
+        wait_for("second-ready.flag")
+        deadline = time.monotonic() + 2  # the second's read: at once without the lock, never while we hold it
+        while not Path("second-read.flag").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return render(*args, **kwargs)
+    baseline.render_baseline = held
+
+if os.environ.get("SAVE_ROLE") == "second":
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(session):  # just before the plugin's save
+        wait_for("first-in.flag")
+        Path("second-ready.flag").touch()
+"""
+
+
+def test_concurrent_saves_and_reports_lose_nothing(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    # two pytest sessions in two processes saving one baseline and writing one JSON and one Markdown report; the
+    # first with its own TMPDIR (two containers or tox environments on one shared file system); one of them
+    # in-process, as the sessions overlap by the flags above, not by starting together
+    suite.makeconftest(HELD_SAVE)
+    (suite.path / "tmp-first").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(suite.path), os.environ.get("PYTHONPATH", "")]),
+           "SAVE_ROLE": "first", "TMPDIR": str(suite.path / "tmp-first")}
     target = suite.path / "same.json"
-    runs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selection,
-                              f"--attncost-save={target}", "--attncost-json=shared.json",
-                              "--attncost-markdown=shared.md"], cwd=suite.path, env=env,
+    reports = [f"--attncost-save={target}", "--attncost-json=shared.json", "--attncost-markdown=shared.md"]
+    first = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                              "test_a or test_b", *reports], cwd=suite.path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            for selection in ("test_a or test_b", "test_c or test_d")]
-    outputs = [run.communicate(timeout=300)[0].decode() for run in runs]  # a safety net for a hung run
-    assert [run.returncode for run in runs] == [0, 0], outputs
+    try:
+        monkeypatch.setenv("SAVE_ROLE", "second")
+        render = baseline_mod.render_baseline
+
+        def read(*args: object, **kwargs: object) -> str:  # the second's save has read the baseline
+            (suite.path / "second-read.flag").touch()
+            return render(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(baseline_mod, "render_baseline", read)
+        second = suite.runpytest("-k", "test_c or test_d", *reports)
+        monkeypatch.undo()
+    finally:
+        output = first.communicate(timeout=600)[0].decode()  # a safety net for a hung run
+    assert (first.returncode, second.ret) == (0, pytest.ExitCode.OK), output + second.stdout.str()
     assert saved_tests(target) == ["test_a", "test_b", "test_c", "test_d"]
-    # the lock is removed by the last holder; no temporary is left
+    # the lock is removed by the last holder; no temporary is left, here or in the first's TMPDIR
     assert sorted(p.name for p in suite.path.iterdir() if p.name.startswith(".same")) == []
+    assert list((suite.path / "tmp-first").iterdir()) == []
     # each report is one session's, whole, not interleaved
     document = json.loads((suite.path / "shared.json").read_text())
     assert sorted(row["test_id"] for row in document["profiles"]) in (
@@ -361,42 +412,6 @@ def test_a_temporary_is_private_while_it_holds_the_data(tmp_path: Path, monkeypa
     os.umask(umask)
     assert seen == [("fsync", 0o600), ("replace", 0o640), ("fsync", 0o600), ("replace", 0o666 & ~umask)]
     assert base.stat().st_mode & 0o777 == 0o640 and new.stat().st_mode & 0o777 == 0o666 & ~umask
-
-
-SLOW_SAVE = """
-import sys, time
-from pathlib import Path
-from pytest_attncost import baseline
-
-render = baseline.render_baseline
-def slow(entries, *options):  # widen the window between reading the baseline and replacing it
-    time.sleep(1.5)
-    return render(entries, *options)
-baseline.render_baseline = slow
-
-class Row:
-    def to_dict(self):
-        parts = dict(total=1, attention_core=0, attention_proj=0, ffn=1, other=0)
-        return dict(test_id="t.py::" + sys.argv[2], name="m", n=16, batch=1, **parts)
-
-baseline.save(Path(sys.argv[1]), [Row()], None)
-"""
-
-
-def test_saves_from_different_temporary_directories_exclude_each_other(tmp_path: Path) -> None:
-    # two containers (or tox environments) on one shared file system: each has its own TMPDIR
-    target = tmp_path / "shared" / "base.json"
-    target.parent.mkdir()
-    runs = []
-    for name in ("test_one", "test_two"):
-        (tmp_path / name).mkdir()
-        env = {**os.environ, "TMPDIR": str(tmp_path / name)}
-        runs.append(subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(target), name], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    outputs = [run.communicate(timeout=600)[0].decode() for run in runs]
-    assert [run.returncode for run in runs] == [0, 0], outputs
-    assert saved_tests(target) == ["test_one", "test_two"]
-    assert sorted(p.name for p in target.parent.iterdir()) == ["base.json"]
 
 
 def test_a_held_lock_fails_the_save_in_time(suite: pytest.Pytester) -> None:
