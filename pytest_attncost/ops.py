@@ -127,17 +127,16 @@ class Product:
     torch: str = TABLE
 
 
-_LIBRARY = {"fvcore": LIBRARY, "torch": LIBRARY}
-_CONV = Product(weight=True, **_LIBRARY)
+_CONV = Product(weight=True, fvcore=LIBRARY, torch=LIBRARY)
 _QUANTIZED = Product((0,), packed=True, fvcore=LIBRARY, torch=OURS)  # fvcore: the twin's stand-in Linear
 
 #: Every op that multiplies matrices, as the jit trace, the dispatcher or the profiler name it.
 PRODUCTS: Mapping[str, Product] = {
-    "aten::linear": Product(macs=_linear, weight=True, **_LIBRARY),
-    "aten::matmul": Product(macs=_matmul, **_LIBRARY),
-    "aten::mm": Product(macs=_matmul, **_LIBRARY),
-    "aten::bmm": Product(macs=_batched, **_LIBRARY),
-    "aten::addmm": Product((1, 2), _matmul, **_LIBRARY),
+    "aten::linear": Product(macs=_linear, weight=True, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::matmul": Product(macs=_matmul, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::mm": Product(macs=_matmul, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::bmm": Product(macs=_batched, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::addmm": Product((1, 2), _matmul, fvcore=LIBRARY, torch=LIBRARY),
     "aten::baddbmm": Product((1, 2), _batched, torch=LIBRARY),
     "aten::addbmm": Product((1, 2), _batched),
     "aten::mv": Product(macs=_rows),
