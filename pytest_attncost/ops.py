@@ -20,18 +20,23 @@ from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (
 
 __all__ = [
     "FUSED_ATTENTION_OPS",
+    "LIBRARY",
     "MASK_CAUSAL",
     "MASK_NONE",
     "MASK_UNKNOWN",
     "MATMUL_LIKE_UNSUPPORTED",
+    "OURS",
     "OpRecord",
     "PRODUCTS",
     "Product",
     "RawCount",
     "SDPA_OPS",
+    "TABLE",
+    "UNCOUNTED",
     "VIEW_OPS",
     "ancestors",
     "attention_macs",
+    "counted_by",
     "is_fused",
     "is_product",
     "parent",
@@ -90,6 +95,13 @@ def attention_macs(q: Shape, k: Shape, v: Shape) -> int:
     return math.prod(q[:-1]) * k[-2] * (q[-1] + v[-1])
 
 
+#: How a backend counts a product (:attr:`Product.fvcore`, :attr:`Product.torch`): its library does (fvcore's
+#: default handles, torch's FLOP registry, or the products the trace or dispatcher shows it as, conv2d as
+#: _convolution, linear as addmm), a handle made here from :attr:`Product.macs`, a handle of this package that
+#: reads more than shapes (einsum's equation, a packed weight), or nothing: listed as unsupported and flagged.
+LIBRARY, TABLE, OURS, UNCOUNTED = "library", "table", "ours", ""
+
+
 @dataclass(frozen=True)
 class Product:
     """One op that multiplies matrices.
@@ -103,38 +115,42 @@ class Product:
             profiler's shapes show.
         packed: its weight is packed inside the op (quantized kernels): no operand shows it, and it
             is a parameter product wherever it runs.
+        fvcore, torch: how each backend counts it (:data:`LIBRARY`, :data:`TABLE`, :data:`OURS`,
+            :data:`UNCOUNTED`); each backend's handles are made from these.
     """
 
     operands: tuple[int, ...] = (0, 1)
     macs: Callable[[Shape, Shape, Shape], int] | None = None
     weight: bool = False
     packed: bool = False
+    fvcore: str = TABLE
+    torch: str = TABLE
 
 
-_CONV = Product(weight=True)
-_QUANTIZED = Product((0,), packed=True)
+_CONV = Product(weight=True, fvcore=LIBRARY, torch=LIBRARY)
+_QUANTIZED = Product((0,), packed=True, fvcore=LIBRARY, torch=OURS)  # fvcore: the twin's stand-in Linear
 
 #: Every op that multiplies matrices, as the jit trace, the dispatcher or the profiler name it.
 PRODUCTS: Mapping[str, Product] = {
-    "aten::linear": Product(macs=_linear, weight=True),
-    "aten::matmul": Product(macs=_matmul),
-    "aten::mm": Product(macs=_matmul),
-    "aten::bmm": Product(macs=_batched),
-    "aten::addmm": Product((1, 2), _matmul),
-    "aten::baddbmm": Product((1, 2), _batched),
+    "aten::linear": Product(macs=_linear, weight=True, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::matmul": Product(macs=_matmul, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::mm": Product(macs=_matmul, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::bmm": Product(macs=_batched, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::addmm": Product((1, 2), _matmul, fvcore=LIBRARY, torch=LIBRARY),
+    "aten::baddbmm": Product((1, 2), _batched, torch=LIBRARY),
     "aten::addbmm": Product((1, 2), _batched),
     "aten::mv": Product(macs=_rows),
     "aten::addmv": Product((1, 2), _rows),
     "aten::dot": Product(macs=_rows),
     "aten::vdot": Product(macs=_rows),
     "aten::addr": Product((1, 2), _outer),
-    "aten::einsum": Product(()),
-    "aten::bilinear": Product((), weight=True),
-    "aten::tensordot": Product(()),
+    "aten::einsum": Product((), fvcore=OURS, torch=LIBRARY),  # fvcore's handle rounds to 4 digits
+    "aten::bilinear": Product((), weight=True, fvcore=UNCOUNTED, torch=UNCOUNTED),  # torch: aten::_trilinear
+    "aten::tensordot": Product((), fvcore=UNCOUNTED, torch=LIBRARY),
     "aten::_grouped_mm": Product(macs=_grouped),
     "aten::_int_mm": Product(macs=_matmul),
     "aten::_weight_int8pack_mm": Product(macs=_packed_int8, packed=True),
-    "aten::_scaled_mm": Product(),
+    "aten::_scaled_mm": Product(fvcore=UNCOUNTED, torch=LIBRARY),
     **{f"aten::{name}": _CONV for name in (
         "_convolution", "convolution", "convolution_backward", "_slow_conv2d_forward", "cudnn_convolution",
         "convolution_overrideable", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
@@ -142,6 +158,12 @@ PRODUCTS: Mapping[str, Product] = {
     **{f"quantized::{name}": _QUANTIZED for name in (
         "linear_dynamic", "linear", "linear_relu", "linear_relu_dynamic", "linear_dynamic_fp16")},
 }
+
+
+def counted_by(backend: str, how: str) -> list[str]:
+    """The products *backend* (``"fvcore"`` or ``"torch"``) counts *how* (:data:`TABLE`, ...), in table order."""
+    return [op for op, product in PRODUCTS.items() if getattr(product, backend) == how]
+
 
 #: Fused attention as the jit trace and the dispatcher name it, forward, taking (q, k, v, ...).
 SDPA_OPS = frozenset({
@@ -165,13 +187,13 @@ FUSED_ATTENTION_OPS = SDPA_OPS | frozenset(
 ) | frozenset({"aten::_flash_attention_forward", "aten::_flash_attention_backward",
                "aten::_efficient_attention_forward", "aten::_efficient_attention_backward"})
 
-#: Ops that multiply matrices but that no handle counts: seeing one means a count is short.
-MATMUL_LIKE_UNSUPPORTED = frozenset({
+#: Ops that multiply matrices but that no handle counts: seeing one means a count is short (the table's
+#: uncounted products and ops outside the table).
+MATMUL_LIKE_UNSUPPORTED = frozenset({*counted_by("fvcore", UNCOUNTED), *counted_by("torch", UNCOUNTED),
     "aten::_native_multi_head_attention", "aten::_transformer_encoder_layer_fwd",
-    "aten::_transformer_decoder_only_layer_fwd", "aten::tensordot", "aten::bilinear", "aten::_scaled_mm",
-    "aten::_addmm_activation", "aten::chain_matmul", "aten::linalg_multi_dot", "aten::inner", "aten::outer",
-    "aten::ger", "aten::kron", "aten::conv_tbc", "aten::_flash_attention_forward",
-    "aten::_efficient_attention_forward",
+    "aten::_transformer_decoder_only_layer_fwd", "aten::_addmm_activation", "aten::chain_matmul",
+    "aten::linalg_multi_dot", "aten::inner", "aten::outer", "aten::ger", "aten::kron", "aten::conv_tbc",
+    "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
 })
 
 #: Ops whose output is (part of) their first input, by short name: a parameter seen through them is

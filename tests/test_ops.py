@@ -4,6 +4,7 @@ extras (fvcore's handles, the torch backend's formulas) covering exactly the tab
 
 Every expected integer is written out by hand, never computed by the function under test."""
 
+import warnings
 from collections import Counter
 
 import pytest
@@ -11,12 +12,17 @@ import torch
 
 from pytest_attncost.ops import (
     FUSED_ATTENTION_OPS,
+    LIBRARY,
     MATMUL_LIKE_UNSUPPORTED,
+    OURS,
     PRODUCTS,
     SDPA_OPS,
+    TABLE,
+    UNCOUNTED,
     RawCount,
     ancestors,
     attention_macs,
+    counted_by,
     is_fused,
     is_product,
     short,
@@ -187,7 +193,8 @@ class _Value:
 
 
 #: The table ops fvcore does not count itself, so the fvcore backend hands them to the table.
-FVCORE_TABLE_OPS = {"aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot"}
+FVCORE_TABLE_OPS = {"aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot", "aten::vdot", "aten::addr",
+                    "aten::_grouped_mm", "aten::_int_mm", "aten::_weight_int8pack_mm"}
 
 
 def test_fvcore_extra_handles_cover_exactly_what_they_claim():
@@ -197,6 +204,12 @@ def test_fvcore_extra_handles_cover_exactly_what_they_claim():
     assert all(PRODUCTS[op].macs is not None for op in FVCORE_TABLE_OPS)
     # the trace's inputs, as the op takes them (scalars beta and alpha after the matrices)
     calls = {
+        "aten::vdot": ([_Value(7), _Value(7)], _Value(), 7),
+        "aten::addr": ([_Value(3, 5), _Value(3), _Value(5), _Value(), _Value()], _Value(3, 5), 15),
+        "aten::_int_mm": ([_Value(3, 4), _Value(4, 5)], _Value(3, 5), 60),
+        "aten::_weight_int8pack_mm": ([_Value(3, 4), _Value(5, 4), _Value(5)], _Value(3, 5), 60),
+        "aten::_grouped_mm": ([_Value(24, 32), _Value(4, 32, 64), _Value(4), _Value(), _Value()], _Value(24, 64),
+                              24 * 32 * 64),
         "aten::baddbmm": ([_Value(2, 3, 5), _Value(2, 3, 4), _Value(2, 4, 5), _Value(), _Value()],
                           _Value(2, 3, 5), 120),
         "aten::addbmm": ([_Value(3, 5), _Value(2, 3, 4), _Value(2, 4, 5), _Value(), _Value()], _Value(3, 5), 120),
@@ -253,3 +266,93 @@ def test_torch_backend_extra_formulas_cover_exactly_what_they_claim():
         assert formulas[getattr(torch.ops.aten, name)](*args, out_val=out) == expected, name
     forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     assert formulas[forward](meta(1, 2, 5, 8), meta(1, 2, 7, 8), meta(1, 2, 7, 8), out_val=None) == 2 * 1120
+
+
+# --- how each backend counts each product: one field of the table, a reason for every op ----------------
+
+#: How the jit trace shows a product fvcore's own handles count under another name.
+TRACED_AS = {**{f"aten::{name}": "aten::_convolution" for name in (
+    "convolution", "convolution_backward", "_slow_conv2d_forward", "cudnn_convolution", "convolution_overrideable",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")},
+    # the twin stands a meta nn.Linear in for a dynamically quantized Linear (counting.twin)
+    **{op: "aten::linear" for op in PRODUCTS if op.startswith("quantized::")}}
+#: Products torch never dispatches: FakeTensorMode sees what they decompose into (mm, bmm, convolution).
+DECOMPOSED = {"aten::linear", "aten::matmul", "aten::einsum", "aten::tensordot", "aten::conv1d", "aten::conv2d",
+              "aten::conv3d", "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d"}
+
+
+def test_every_product_says_how_each_backend_counts_it():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fvcore scripts a function at import time
+        from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS
+
+    registry = {str(packet).replace(".", "::", 1) for packet in FlopCounterMode(display=False).flop_registry}
+    for op, product in PRODUCTS.items():
+        assert {product.fvcore, product.torch} <= {LIBRARY, TABLE, OURS, UNCOUNTED}, op
+        if TABLE in (product.fvcore, product.torch):
+            assert product.macs is not None, op
+        if product.fvcore == LIBRARY:
+            assert TRACED_AS.get(op, op) in _DEFAULT_SUPPORTED_OPS, op
+        if product.torch == LIBRARY:
+            assert op in registry or op in DECOMPOSED, op
+    assert counted_by("fvcore", OURS) == ["aten::einsum"]  # exact: fvcore's own rounds to 4 digits
+    assert set(counted_by("torch", OURS)) == set(TRACED_AS) - {op for op in TRACED_AS if op.startswith("aten::")}
+    # what neither backend counts is flagged as a skipped product, never missed in silence
+    uncounted = {*counted_by("fvcore", UNCOUNTED), *counted_by("torch", UNCOUNTED)}
+    assert uncounted == {"aten::bilinear", "aten::tensordot", "aten::_scaled_mm"}
+    assert uncounted <= MATMUL_LIKE_UNSUPPORTED
+
+
+class _Weighted(torch.nn.Module):
+    """One product of an input with a parameter (and another tensor the op takes)."""
+
+    def __init__(self, run, weight, extra=None):
+        super().__init__()
+        self.run = run
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.extra = torch.nn.Parameter(extra, requires_grad=False) if extra is not None else None
+
+    def forward(self, *inputs):
+        return self.run(self, *inputs)
+
+
+def _int8(*shape):
+    return torch.zeros(shape, dtype=torch.int8)
+
+
+#: The five products neither library counts, each in a tiny model: (model, inputs, MACs by hand).
+FIVE = {
+    "aten::vdot": (lambda: _Weighted(lambda m, x: torch.vdot(x, m.weight), torch.zeros(7)), (torch.zeros(7),), 7),
+    # the outer product u v^T [3, 5], accumulated into the parameter
+    "aten::addr": (lambda: _Weighted(lambda m, u: torch.addr(m.extra, u, m.weight), torch.zeros(5), torch.zeros(3, 5)),
+                   (torch.zeros(3),), 3 * 5),
+    "aten::_int_mm": (lambda: _Weighted(lambda m, x: torch._int_mm(x, m.weight), _int8(32, 16)), (_int8(17, 32),),
+                      17 * 32 * 16),
+    # x [3, 4] against the int8 weight [5, 4] (rows are outputs), scaled per output
+    "aten::_weight_int8pack_mm": (
+        lambda: _Weighted(lambda m, x: torch._weight_int8pack_mm(x, m.weight, m.extra), _int8(5, 4), torch.zeros(5)),
+        (torch.zeros(3, 4),), 3 * 4 * 5),
+    # 24 routed rows of 32, 6 to each of 4 experts' [32, 64]
+    "aten::_grouped_mm": (
+        lambda: _Weighted(lambda m, x, offs: torch._grouped_mm(x, m.weight, offs=offs),
+                          torch.zeros(4, 32, 64, dtype=torch.bfloat16)),
+        (torch.zeros(24, 32, dtype=torch.bfloat16), torch.tensor([6, 12, 18, 24], dtype=torch.int32)), 24 * 32 * 64),
+}
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+@pytest.mark.parametrize("op", sorted(FIVE))
+def test_products_no_library_counts_are_counted_on_both_backends(op, backend):
+    from pytest_attncost.counting import count_forward, count_forward_torch, meta_twin
+    from pytest_attncost.inputs import to_meta
+
+    if not hasattr(torch.ops.aten, short(op)):
+        pytest.skip(f"torch {torch.__version__} has no {op}")
+    assert (PRODUCTS[op].fvcore, PRODUCTS[op].torch) == (TABLE, TABLE)
+    make, inputs, expected = FIVE[op]
+    raw = (count_forward if backend == "fvcore" else count_forward_torch)(meta_twin(make()), to_meta(inputs), {})
+    assert raw.total == expected
+    assert [(r.op, r.macs) for r in raw.records] == [(op, expected)]
+    assert not raw.unsupported_ops

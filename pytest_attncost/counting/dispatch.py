@@ -25,7 +25,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from .. import one_run
+from .. import one_run, ops
 from ..errors import CountError, hint, site
 from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
@@ -89,22 +89,21 @@ def _quantized_linear_flops(x: Any, packed: Any, *args: Any, out_val: Any = None
 
 
 def _extra_formulas() -> dict[Any, Callable[..., int]]:
-    """What torch's registry lacks: sdpa kernels it does not know, and the products the op table has MACs for."""
+    """What torch's registry lacks: sdpa kernels it does not know, and the products the op table says the torch
+    backend counts from the table or by a formula of ours."""
     table: dict[Any, Callable[..., int]] = {}
     for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable"):
         for suffix, formula in (("", _sdpa_flops), ("_backward", _sdpa_backward_flops)):
             packet = getattr(torch.ops.aten, name + suffix, None)
             if packet is not None:
                 table[packet] = formula
-    for op in ("aten::_grouped_mm", "aten::mv", "aten::addmv", "aten::dot", "aten::vdot", "aten::addbmm", "aten::addr",
-               "aten::_int_mm", "aten::_weight_int8pack_mm"):
-        packet = getattr(torch.ops.aten, short(op), None)  # optional ops are looked up: _grouped_mm is torch >= 2.8
-        if packet is not None:
-            table[packet] = _from_table(op)
-    for name in ("linear_dynamic", "linear", "linear_relu", "linear_relu_dynamic", "linear_dynamic_fp16"):
-        packet = getattr(torch.ops.quantized, name, None)
-        if packet is not None:
-            table[packet] = _quantized_linear_flops
+    ours = {"quantized": _quantized_linear_flops}  # the op table's products counted by a formula of ours, by namespace
+    for how in (ops.TABLE, ops.OURS):
+        for op in ops.counted_by("torch", how):
+            namespace, _, name = op.partition("::")
+            packet = getattr(getattr(torch.ops, namespace), name, None)  # optional ops: _grouped_mm is torch >= 2.8
+            if packet is not None:
+                table[packet] = _from_table(op) if how == ops.TABLE else ours[namespace]
     return table
 
 

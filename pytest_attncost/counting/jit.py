@@ -2,10 +2,10 @@
 every op it counts.
 
 fvcore's handles count the products it knows; this module adds what it lacks: handles for fused
-attention (fvcore logs ``aten::scaled_dot_product_attention`` as unsupported and counts 0) and a few
-more products (``baddbmm``, ``addbmm``, ``mv``, ...) from the op table, an exact einsum (fvcore's rounds
-to 4 significant digits), a record per op (module scope, MACs, shapes, whether an operand is a
-parameter), and a mask label on every attention product, read from the traced graph.
+attention (fvcore logs ``aten::scaled_dot_product_attention`` as unsupported and counts 0) and the
+products the op table marks as counted from the table (``baddbmm``, ``mv``, ``vdot``, ``_int_mm``, ...),
+an exact einsum (fvcore's rounds to 4 significant digits), a record per op (module scope, MACs, shapes,
+whether an operand is a parameter), and a mask label on every attention product, read from the traced graph.
 """
 
 from __future__ import annotations
@@ -80,11 +80,12 @@ def _einsum_macs(inputs: list[Any], outputs: list[Any]) -> int:
 Handle = Callable[[list[Any], list[Any]], Any]
 
 
-#: What fvcore does not count itself (or counts inexactly: its einsum rounds), by op.
+#: What fvcore does not count itself (or counts inexactly: its einsum rounds), by op: fused attention, and the
+#: products the op table says fvcore counts from the table or by a handle of ours.
 EXTRA_HANDLES: dict[str, Handle] = {
     **{op: _sdpa_macs for op in SDPA_OPS},
-    **{op: _from_table(op) for op in ("aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot")},
-    "aten::einsum": _einsum_macs,
+    **{op: _from_table(op) for op in ops.counted_by("fvcore", ops.TABLE)},
+    **{op: {"aten::einsum": _einsum_macs}[op] for op in ops.counted_by("fvcore", ops.OURS)},
 }
 
 
