@@ -18,15 +18,14 @@ from torch import nn
 from . import families, one_run, pipeline, timing
 from . import memory as memory_mod
 from .cache import cache_key, clear_cache, lookup, store  # api.cache_key and api.clear_cache stay importable
-from .counting import HOOKS_NOTE, Options, kept_torch_state, masks, model_class, unwrap, user_hooks
+from .counting import HOOKS_NOTE, kept_torch_state, masks, model_class, unwrap, user_hooks
 from .errors import ProfileError, TimingError
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .inputs import Built, build
-from .request import LARGEST_TOKENS, TOO_LARGE, Inputs
-from .result import BACKENDS, CAUSAL, MODES, Profile, Timing
+from .request import DEFAULT_REPEATS, DEFAULT_WARMUP, Inputs, Request, positive
+from .result import Profile, Timing
 from .series import DecodeSweep, Sweep, TimingSweep
-from .timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 
 __all__ = ["ProfileError", "clear_cache", "decode_sweep", "measure", "measure_memory", "measure_sweep", "profile",
            "spec_of", "sweep"]
@@ -36,12 +35,6 @@ REAL_STEP_LIMIT = 2 * 10**9
 TOO_BIG_TO_RUN = ("measure_memory() runs the real step only when its estimated peak is under {limit:,} B; this one "
                   "is estimated at {peak:,} B: measure at a smaller n or batch (the estimate holds at any size)")
 NO_CUDA = "measure_memory(device={device!r}): no CUDA device here (torch.cuda.is_available() is False)"
-
-
-def _positive(name: str, value: object, hint: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ProfileError(f"{name} must be a positive int, got {value!r}{hint}")
-    return value
 
 
 _OLD_TORCH = one_run.TORCH_VERSION < (2, 9)
@@ -164,83 +157,46 @@ def profile(
         ProfileError: bad arguments, or a model that cannot be counted (the message
             says why and what to do).
     """
-    # long: the docstring documents every argument; the body is four lines
-    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
-                                      backend=backend, mode=mode, causal=causal, fallback=fallback,
-                                      new_tokens=new_tokens, m=m)
-    if not memory:
-        return counted
-    return with_memory(counted, target, built or _rebuilt(target, n, counted, inputs, m), optimizer)
+    # long: the docstring documents every argument; the body is two lines
+    request = Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend, mode=mode,
+                         causal=causal, fallback=fallback, new_tokens=new_tokens, m=m)
+    return _answered(*_opened(model, request), memory, optimizer)
 
 
-def _rebuilt(target: nn.Module, n: int | None, counted: Profile, inputs: Inputs | None, m: int | None) -> Built:
-    """The inputs of a profile that came from the cache, built again as its mode takes them."""
-    return build(target, n, counted.batch, inputs, counted.mode == "decode", counted.new_tokens or 1, m)
+def _opened(model: object, request: Request) -> tuple[nn.Module, Request]:
+    """The module to count, and *request* with what it says (its name, its spec: :func:`pipeline.for_model`)."""
+    target = _resolve_model(model)
+    return target, pipeline.for_model(target, request)
+
+
+def _answered(target: nn.Module, request: Request, memory: bool, optimizer: Any) -> Profile:
+    """profile()'s answer to a checked *request* for *target*, with its memory estimate if asked for."""
+    counted, built = _counted(target, request)
+    return with_memory(counted, target, built or build(target, request), optimizer) if memory else counted
 
 
 def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: Any) -> Profile:
     """*counted* with its memory estimate (made anew each time: it is not cached)."""
     if optimizer is not None and not isinstance(optimizer, str) and not callable(optimizer):
-        raise ProfileError(f"optimizer= must be 'adamw', 'sgd', None or a callable params -> optimizer, got {optimizer!r}")
-    found = memory_mod.of_profile(target, built.call(), counted, optimizer=optimizer if counted.mode == "train" else None,
-                                  foreach=True)
+        raise ProfileError(f"optimizer= must be 'adamw', 'sgd', None or a callable params -> optimizer, "
+                           f"got {optimizer!r}")
+    stepped = optimizer if counted.mode == "train" else None
+    found = memory_mod.of_profile(target, built.call(), counted, optimizer=stepped, foreach=True)
     return dataclasses.replace(counted, memory=found, warnings=(*counted.warnings, *found.warnings))
 
 
-def _profile(model: Any, n: int | None, *, batch: int | None, inputs: Inputs | None, roles: Mapping[str, Any] | None,
-             spec: ModelSpec | None, name: str | None, backend: str | None, mode: str, causal: str, fallback: bool,
-             new_tokens: int | None, m: int | None = None) -> tuple[Profile, Built | None, nn.Module]:
-    """profile()'s work: the profile, the inputs it was counted on (None when it came from the cache) and the
-    module counted."""
-    if n is not None:
-        _positive("n", n)
-    if m is not None:
-        _positive("m", m)
-        if mode == "decode":
-            raise ProfileError("m= is the second sequence's length (encoder-decoders, cross-attention); a decode "
-                               "step has its cache's length n and new_tokens: drop m=")
-    batch_given = batch is not None
-    batch = 1 if batch is None else _positive("batch", batch)
-    if (n or 1) * batch > LARGEST_TOKENS:
-        raise ProfileError(TOO_LARGE.format(n=n, batch=batch))
-    if roles is not None and not isinstance(roles, Mapping):
-        raise ProfileError(f"roles= must be a dict of role -> module-name globs, got {type(roles).__name__} "
-                           f"{roles!r}; e.g. roles={{'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']}}")
-    if spec is not None and not isinstance(spec, ModelSpec):
-        raise ProfileError(f"spec= must be a pytest_attncost.ModelSpec, got {type(spec).__name__}")
-    if name is not None and not isinstance(name, str):
-        raise ProfileError(f"name= must be a str, got {type(name).__name__}")
-    for label, value, allowed in (("backend", backend, BACKENDS), ("mode", mode, MODES), ("causal", causal, CAUSAL)):
-        if value not in allowed and not (label == "backend" and value is None):
-            raise ProfileError(f"{label}= must be one of {', '.join(allowed)}, got {value!r}")
-    if mode == "decode":
-        new_tokens = 1 if new_tokens is None else _positive("new_tokens", new_tokens)
-        if n is None:
-            raise ProfileError("mode='decode' needs n=: the tokens already in the KV cache")
-    elif new_tokens is not None:
-        raise ProfileError(f"new_tokens= is the query length of a decode step: pass mode='decode' (mode is {mode!r})")
-    options = Options(backend or "fvcore", mode, causal, bool(fallback), new_tokens or 0, m)
-    target = _resolve_model(model)
-    model_name = name or model_class(target)
-    spec_note = None
-    spec_read = spec is None
-    if spec is None:
-        spec, spec_note = families.spec_of(target)
-        if spec is not None and mode == "decode":
-            spec = families.windowed_spec(spec, target)  # what the model's cache keeps
-    # a spec read from the config may be corrected by the structure (gating, hybrid stacks); a given one is kept
-    key = cache_key(target, n, batch, batch_given, inputs, roles, ("read" if spec_read else "given", spec), model_name,
-                    options)
+def _counted(target: nn.Module, request: Request) -> tuple[Profile, Built | None]:
+    """The profile *request* asks of *target*, and the inputs it was counted on (None: it came from the cache)."""
+    key = cache_key(target, request)
     cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
     if cached is not None:
-        return _hooks_named(cached, target), None, target
+        return _hooks_named(cached, target), None
     with kept_torch_state():  # a forward that sets the default dtype or the threads leaves them as they were
-        built = build(target, n, batch, inputs, mode == "decode", options.new_tokens, m)
-        result = pipeline.run(target, model_name, spec, spec_note, spec_read, built, n, batch, batch_given, roles,
-                              options)
+        built = build(target, request)
+        result = pipeline.run(target, request, built)
     if pipeline.REAL_NOTE not in result.notes:  # a count on real values holds for those values only
         store(key, result)
-    return _hooks_named(result, target), built, target
+    return _hooks_named(result, target), built
 
 
 def _hooks_named(result: Profile, target: nn.Module) -> Profile:
@@ -268,19 +224,19 @@ def sweep(
     """
     if isinstance(ns, (str, bytes)) or not hasattr(ns, "__iter__"):
         raise ProfileError(f"ns must be a list of lengths such as [512, 1024, 4096], got {ns!r}")
-    lengths = [_positive("every n", n) for n in ns]
+    lengths = [positive("every n", n) for n in ns]
     if len(set(lengths)) != len(lengths) or not lengths:
         raise ProfileError(f"ns must hold distinct lengths, got {list(ns)!r}")
     if "n" in profile_kwargs:
         raise ProfileError("sweep() takes the lengths as ns=[...], not n=")
-    target = _resolve_model(model)
-    if profile_kwargs.get("name") is None:
-        profile_kwargs["name"] = model_class(target)
-    with kept_torch_state():
-        swept = pipeline.sweep_in_one_run(target, lengths, profile_kwargs)
-    if swept is not None:
-        return Sweep([_hooks_named(p, target) for p in swept], one_run=True)
-    return Sweep([profile(target, n, **profile_kwargs) for n in lengths])
+    memory, optimizer = profile_kwargs.pop("memory", False), profile_kwargs.pop("optimizer", "adamw")
+    target, request = _opened(model, Request.of(lengths=lengths, **profile_kwargs))
+    if not memory:
+        with kept_torch_state():
+            swept = pipeline.sweep_in_one_run(target, request)
+        if swept is not None:
+            return Sweep([_hooks_named(p, target) for p in swept], one_run=True)
+    return Sweep([_answered(target, request.at(n), memory, optimizer) for n in lengths])
 
 
 def decode_sweep(model: Any, ns: Any, new_tokens: int = 1, **profile_kwargs: Any) -> DecodeSweep:
@@ -342,20 +298,13 @@ def measure(
         TimingError: bad arguments, or a model that cannot run (the message says why).
         ProfileError: anything :func:`profile` raises.
     """
-    for label, value, least in (("warmup", warmup, 0), ("repeats", repeats, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise TimingError(f"{label} must be an int >= {least}, got {value!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise TimingError(f"threads must be a positive int, got {threads!r}")
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise TimingError(f"dtype= must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
-    where = timing.device_of(device)
+    runs = timing.Runs(device, dtype, warmup, repeats, seed, threads)
+    request = Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend)
     model = _exported(model)
-    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
-                                      backend=backend, mode="forward", causal="full", fallback=True, new_tokens=None)
-    if built is None:  # the profile came from the cache: its inputs, built once here
-        built = build(target, n, counted.batch, inputs)
-    return timing.time_forward(counted, model, built, where, dtype, warmup, repeats, seed, threads)
+    target, request = _opened(model, request)
+    counted, built = _counted(target, request)
+    # a profile from the cache: its inputs, built once here
+    return timing.time_forward(counted, model, built or build(target, request), runs)
 
 
 def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None, inputs: Any = None,
@@ -376,11 +325,9 @@ def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None
     where = torch.device(device)
     if where.type == "cuda" and not torch.cuda.is_available():
         raise ProfileError(NO_CUDA.format(device=str(device)))
-    counted, built, target = _profile(model, n, batch=batch, inputs=inputs, mode=mode,
-                                      new_tokens=profile_kwargs.pop("new_tokens", None),
-                                      **{"roles": None, "spec": None, "name": None, "backend": None, "causal": "full",
-                                         "fallback": True, **profile_kwargs})
-    built = built or _rebuilt(target, n, counted, inputs, profile_kwargs.get("m"))
+    target, request = _opened(model, Request.of(n, batch=batch, inputs=inputs, mode=mode, **profile_kwargs))
+    counted, built = _counted(target, request)
+    built = built or build(target, request)
     estimated = with_memory(counted, target, built, optimizer).memory
     assert estimated is not None
     if estimated.peak > REAL_STEP_LIMIT:

@@ -42,12 +42,13 @@ import functools
 import sys
 import types
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
 
+    from .request import Request
     from .result import Profile
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
@@ -219,7 +220,8 @@ def structure(model: nn.Module) -> Hashable:
     describe = _Describer(names)
     parts: list[Any] = []
     for name, module in named:
-        settings = tuple((key, describe.attribute(value)) for key, value in vars(module).items() if key not in internals)
+        settings = tuple((key, describe.attribute(value)) for key, value in vars(module).items()
+                         if key not in internals)
         tensors: list[tuple[Any, ...]] = [(key, t.shape, t.dtype, t.device.type, t.requires_grad, type(t))
                                           for key, t in module._parameters.items() if t is not None]
         tensors += [(key, t.shape, t.dtype, t.device.type) for key, t in module._buffers.items() if t is not None]
@@ -257,27 +259,23 @@ class _Hashed:
         return repr(self.value)
 
 
-def cache_key(
-    target: nn.Module, n: int | None, batch: int, batch_given: bool, inputs: Any,
-    roles: Mapping[str, Any] | None, spec: Hashable, name: str, options: Hashable = None,
-) -> Hashable | None:
+def cache_key(target: nn.Module, request: Request) -> Hashable | None:
     """Everything that decides a count; None when the call cannot be cached or the cache is off.
 
     None for callable inputs, and for a model or inputs holding something the key cannot
     describe (see the module docstring).
     """
-    return cache_keys(target, [n], batch, batch_given, inputs, roles, spec, name, options)[0]
+    return cache_keys(target, request)[0]
 
 
-def cache_keys(
-    target: nn.Module, ns: Sequence[int | None], batch: int, batch_given: bool, inputs: Any,
-    roles: Mapping[str, Any] | None, spec: Hashable, name: str, options: Hashable = None,
-) -> list[Hashable | None]:
-    """:func:`cache_key` at each length of *ns* (the model described once)."""
+def cache_keys(target: nn.Module, request: Request) -> list[Hashable | None]:
+    """:func:`cache_key` at each of the request's lengths (its n, or a sweep's lengths: the model described once)."""
+    ns = request.lengths or (request.n,)
     if not enabled:
         return [None] * len(ns)
     import torch
 
+    inputs, roles = request.inputs, request.roles
     if callable(inputs) and not isinstance(inputs, (torch.Tensor, torch.nn.Module)):
         return [None] * len(ns)
     try:
@@ -289,13 +287,14 @@ def cache_keys(
         return [None] * len(ns)
     # global switches that change what runs: MHA's fast path, and how far a checkpoint recomputes in train mode
     early_stop = getattr(sys.modules.get("torch.utils.checkpoint"), "_enable_checkpoint_early_stop", None)
+    asked = (request.batch, request.batch_given, inputs_key, roles_key, request.spec_read, request.spec, request.name,
+             request.backend, request.mode, request.causal, request.fallback, request.new_tokens, request.m)
     keys: list[Hashable | None] = []
     for n in ns:
-        key: Hashable | None = (model_key, n, batch, batch_given, inputs_key, roles_key, spec, name, options,
-                                torch.backends.mha.get_fastpath_enabled(), early_stop)
+        key: Hashable | None = (model_key, n, asked, torch.backends.mha.get_fastpath_enabled(), early_stop)
         try:
             hash(key)
-        except TypeError:  # an unhashable leaf slipped through (a spec or option of an odd type)
+        except TypeError:  # an unhashable leaf slipped through
             key = None
         keys.append(key)
     return keys

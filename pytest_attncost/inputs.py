@@ -24,10 +24,10 @@ from .errors import ProfileError
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .parts import Split
-from .request import Inputs
+from .request import Request
 
-__all__ = ["Built", "build", "cache_bytes", "decode_lengths", "folded_sequences", "fresh", "read_lengths", "to_meta",
-           "to_real", "token_shape", "user_inputs"]
+__all__ = ["Built", "Ran", "build", "cache_bytes", "decode_lengths", "folded_sequences", "fresh", "read_lengths",
+           "to_meta", "to_real", "token_shape", "user_inputs"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -58,28 +58,39 @@ class Built:
         return fresh(*self.given, meta=False)
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What one count ran and saw, which the lengths are read back from: the model, its inputs, the spec it is
+    compared with, and the split (the lengths the layers' attention saw)."""
+
+    target: nn.Module
+    built: Built
+    spec: ModelSpec | None
+    parts: Split
+
+
 NESTED_INPUTS = ("inputs= hold a nested (jagged) tensor of {count} sequences: neither counter can trace one on the "
                  "meta device or on fake tensors. Count each length as its own dense batch, e.g. "
                  "sum(profile(model, inputs=(seq.unsqueeze(0),)).total for seq in x.unbind()), or pass "
                  "x.to_padded_tensor(0.0) to count the padded batch the kernel would run")
 
 
-def build(target: nn.Module, n: int | None, batch: int, inputs: Inputs | None, decoding: bool = False,
-          new_tokens: int = 1, m: int | None = None) -> Built:
-    """The inputs of a count of *target* (see the module docstring).
+def build(target: nn.Module, request: Request) -> Built:
+    """The inputs of a count of *target* for *request* (see the module docstring).
 
     Raises:
         ProfileError: the inputs cannot be built or are not of a form profile() takes.
     """
-    if decoding:
+    n, batch, inputs = request.n, request.batch, request.inputs
+    if request.mode == "decode":
         if inputs is None:
-            args, kwargs = families.decode_inputs(target, n, new_tokens, batch)  # type: ignore[arg-type]
+            args, kwargs = families.decode_inputs(target, n, request.new_tokens, batch)  # type: ignore[arg-type]
             return Built(args, kwargs, decoding=True)
         given = user_inputs(inputs, n, batch)
         args, kwargs = fresh(*given)  # the cache's tensors too, not only pytree leaves
         return Built(args, kwargs, given, decoding=True)
     if inputs is None:
-        return Built(*families.default_inputs(target, n, batch, m))
+        return Built(*families.default_inputs(target, n, batch, request.m))
     given = user_inputs(inputs, n, batch)
     args, kwargs = to_meta(given)
     return Built(args, kwargs, given)
@@ -125,8 +136,7 @@ def user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...]
     return given
 
 
-def read_lengths(target: nn.Module, built: Built, n: int | None, batch: int, batch_given: bool,
-                 spec: ModelSpec | None, parts: Split) -> tuple[int, int]:
+def read_lengths(ran: Ran, request: Request) -> tuple[int, int]:
     """n and batch from the inputs: default inputs were built for n; the user's hold their own.
 
     The token dimension of the main input decides where it can be told (token ids, torch's
@@ -134,11 +144,11 @@ def read_lengths(target: nn.Module, built: Built, n: int | None, batch: int, bat
     Block-sparse, chunked or pooled attention may run its products on fewer rows: that is
     not a different n.
     """
-    args, kwargs = built.args, built.kwargs
-    shape = token_shape(target, args, kwargs)
+    n, batch = request.n, request.batch
+    shape = token_shape(ran.target, ran.built.args, ran.built.kwargs)
     tokens = None if shape is None else shape[1]
-    seen = _common_queries(parts)
-    if built.given is None and tokens is not None and n is not None:
+    seen = _common_queries(ran.parts)
+    if ran.built.given is None and tokens is not None and n is not None:
         return n, batch  # built for n
     measured = tokens if tokens is not None else seen
     if measured is None:
@@ -156,20 +166,19 @@ def read_lengths(target: nn.Module, built: Built, n: int | None, batch: int, bat
     if seen == 0:
         raise ProfileError(f"n={measured} was asked for, but the attention ran on 0 tokens "
                            "(the model trims its inputs?); check the inputs")
-    if built.given is not None:
-        batch = _held_batch(target, args, kwargs, shape, spec, parts, batch, batch_given, measured)
+    if ran.built.given is not None:
+        batch = _held_batch(ran, request, shape, measured)
     return measured, batch
 
 
-def second_length(target: nn.Module, built: Built, n: int, m: int | None, spec: ModelSpec | None,
-                  parts: Split) -> int | None:
+def second_length(ran: Ran, n: int, m: int | None) -> int | None:
     """m: the second sequence's length (an encoder-decoder's target, a decoder's memory, the keys of a
     cross-attention module), None for a model that reads one; *m*, if asked for, must be it.
 
     Raises:
         ProfileError: *m* was asked for and the inputs hold another length, or none.
     """
-    args, kwargs = built.args, built.kwargs
+    target, args, kwargs, parts = ran.target, ran.built.args, ran.built.kwargs, ran.parts
     second: Any = None
     if isinstance(target, families.TWO_SEQUENCES):
         names = ("key", "memory", "tgt")
@@ -178,7 +187,7 @@ def second_length(target: nn.Module, built: Built, n: int, m: int | None, spec: 
             second = int(second.shape[1] if families.batch_first(target) else second.shape[0])
     elif isinstance(kwargs.get("decoder_input_ids"), torch.Tensor) and kwargs["decoder_input_ids"].dim() == 2:
         second = int(kwargs["decoder_input_ids"].shape[1])
-    if not isinstance(second, int) and spec is not None and spec.cross_attention:
+    if not isinstance(second, int) and ran.spec is not None and ran.spec.cross_attention:
         second = next((keys for queries, keys, _ in parts.lengths if keys != n), n)  # what the memory was
     if not isinstance(second, int):  # cross-attention outside the layers (a Perceiver's latents read the inputs)
         second = next((keys for queries, keys, _ in parts.outside_lengths if queries == n and keys != n), None)
@@ -194,27 +203,29 @@ ONE_SEQUENCE_READ = ("m={m} was asked for, but {model}'s inputs hold no second s
                      "encoder-decoder's decoder_input_ids, a decoder's memory); drop m=")
 
 
-def folded_sequences(target: nn.Module, built: Built, spec: ModelSpec | None, parts: Split, batch: int) -> int | None:
+def folded_sequences(ran: Ran, batch: int) -> int | None:
     """The sequences the first attention ran, where they are a multiple of the batch (TimeSformer and other
     video models fold frames into their attention's batch); None for token-id models and one sequence
     per input."""
-    if spec is None or not spec.heads or not parts.lengths or token_shape(target, built.args, built.kwargs) is not None:
+    spec, lengths = ran.spec, ran.parts.lengths
+    shape = token_shape(ran.target, ran.built.args, ran.built.kwargs)
+    if spec is None or not spec.heads or not lengths or shape is not None:
         return None
-    leading = parts.lengths[0][2]
+    leading = lengths[0][2]
     if leading % spec.heads:
         return None
     sequences = leading // spec.heads
     return sequences if sequences != batch and sequences % batch == 0 else None
 
 
-def _held_batch(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], shape: tuple[int, int] | None,
-                spec: ModelSpec | None, parts: Split, batch: int, batch_given: bool, n: int | None = None) -> int:
+def _held_batch(ran: Ran, request: Request, shape: tuple[int, int] | None, n: int | None = None) -> int:
     """With the user's inputs the batch is what they hold: the main input's first dimension, else the
     attention's leading dimensions [b, h, n, d] or [b*h, n, d] over the spec's heads, else the first
     dimension of the float inputs ``(b, n, ...)`` whose second is the n the attention saw."""
+    args, kwargs, spec, parts = ran.built.args, ran.built.kwargs, ran.spec, ran.parts
     held = shape[0] if shape is not None else None
     if held is None:
-        held = main_batch(target, args, kwargs)
+        held = main_batch(ran.target, args, kwargs)
     if held is None and spec is not None and parts.lengths and parts.lengths[0][2] % spec.heads == 0:
         held = parts.lengths[0][2] // spec.heads
     if held is None and n is not None:
@@ -223,31 +234,29 @@ def _held_batch(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         if len(firsts) == 1 and (not parts.lengths or parts.lengths[0][2] % next(iter(firsts)) == 0):
             held = firsts.pop()
     if held is None:
-        return batch
-    if batch_given and held != batch:
-        raise ProfileError(f"batch={batch} was asked for, but the inputs hold a batch of {held}")
+        return request.batch
+    if request.batch_given and held != request.batch:
+        raise ProfileError(f"batch={request.batch} was asked for, but the inputs hold a batch of {held}")
     return held
 
 
-def decode_lengths(target: nn.Module, built: Built, n: int | None, batch: int, batch_given: bool,
-                   spec: ModelSpec | None, parts: Split, new_tokens: int) -> tuple[int, int]:
+def decode_lengths(ran: Ran, request: Request) -> tuple[int, int]:
     """A decode step's n and batch, after checking that the step ran ``new_tokens`` queries.
 
     n is the cache's length, given (the inputs were built for it); the queries are the main
     input's token dimension where it can be told, else the query length the layers' attention saw.
     """
-    args, kwargs = built.args, built.kwargs
-    shape = token_shape(target, args, kwargs)
+    n, new_tokens, parts = request.n, request.new_tokens, ran.parts
+    shape = token_shape(ran.target, ran.built.args, ran.built.kwargs)
     queries = shape[1] if shape is not None else _common_queries(parts)
     if queries is not None and queries != new_tokens:
         raise ProfileError(f"a decode step of new_tokens={new_tokens} was asked for, but the step ran "
                            f"{queries} query tokens; make the inputs' new tokens match, or pass new_tokens={queries}")
-    if built.given is not None:
-        batch = _held_batch(target, args, kwargs, shape, spec, parts, batch, batch_given)
+    batch = _held_batch(ran, request, shape) if ran.built.given is not None else request.batch
     if n is None:  # pragma: no cover - profile() refuses a decode step without n
         raise ProfileError("mode='decode' needs n=")
     keys = {keys for _, keys, _ in parts.lengths}
-    if n and keys and max(keys) <= new_tokens:
+    if n and keys and new_tokens and max(keys) <= new_tokens:
         raise ProfileError(NO_CACHE_SEEN.format(n=n, keys=max(keys), new_tokens=new_tokens))
     return n, batch
 
@@ -320,7 +329,7 @@ def _tensors_in(value: Any, found: dict[int, torch.Tensor], depth: int = 0, seen
             _tensors_in(item, found, depth + 1, seen)
 
 
-def fresh(args: tuple[Any, ...], kwargs: dict[str, Any], *, meta: bool = True) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def fresh(args: tuple[Any, ...], kwargs: dict[str, Any], *, meta: bool = True) -> Call:
     """A copy of the step's inputs whose caches have not run yet: tensors on the meta device (or cloned).
 
     The forward appends to the cache, so a second count (the fallback, a cross-check) must
@@ -355,7 +364,7 @@ def cache_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     for key, value in [*enumerate(args), *kwargs.items()]:
         if isinstance(value, torch.Tensor):
             continue
-        if isinstance(value, (list, tuple, Mapping)) and not (isinstance(key, str) and key in ("past_key_values", "cache")):
+        if isinstance(value, (list, tuple, Mapping)) and key not in ("past_key_values", "cache"):
             continue
         layers = getattr(value, "layers", None)
         if isinstance(layers, list) and layers and all(hasattr(layer, "keys") for layer in layers):

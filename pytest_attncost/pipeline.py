@@ -20,23 +20,24 @@ import gc
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from . import cache, counting, families, inferred, inputs, one_run, request
+from . import cache, counting, families, inferred, inputs, one_run
 from . import parts as parts_mod
 from . import roles as roles_mod
-from .counting import Counted, Options
+from .counting import Counted
 from .errors import ProfileError, named
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .ops import RawCount, ancestors
+from .request import Request
 from .result import COMPONENTS, PARTS, Profile, versions
 
-__all__ = ["Placement", "Setup", "assemble", "place", "quiet_counting", "run", "sweep_in_one_run"]
+__all__ = ["Placement", "Setup", "assemble", "for_model", "place", "quiet_counting", "run", "sweep_in_one_run"]
 
 #: torch loggers that report, at ERROR level, what the counters try and then handle themselves.
 _TORCH_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes", "torch._dynamo")
@@ -69,8 +70,8 @@ FORMULA_WARNING = ("{part} is {measured:,} MAC but the formula gives {expected:,
 SPEC_NOTE = "no formula: {why}"
 FOLDED_NOTE = ("the attention ran {sequences} sequences of {n} tokens for a batch of {batch} (frames or windows folded "
                "into its batch), which the formulas, one sequence per input, do not describe; pass spec= to compare")
-DECODE_HALF_NOTE = ("causal='{causal}' does not apply to a decode step: its queries attend to every cached key, and the "
-                    "core is counted as the kernel runs it")
+DECODE_HALF_NOTE = ("causal='{causal}' does not apply to a decode step: its queries attend to every cached key, and "
+                    "the core is counted as the kernel runs it")
 CHUNK_HALF_WARNING = ("causal='{causal}': {layers} layer(s) attend within chunks of {chunk} tokens, which keep fewer "
                       "query-key pairs than the n(n+1)/2 counted; {fix}")
 WINDOW_HALF_WARNING = ("causal='{causal}': {layers} layer(s) attend within a sliding window of {window} tokens, which "
@@ -78,7 +79,8 @@ WINDOW_HALF_WARNING = ("causal='{causal}': {layers} layer(s) attend within a sli
 KEPT_FIXES = {"half": "causal='kept' counts the pairs they keep",
               "kept": "no module carries their layer's index (layer_idx), so they could not be told apart"}
 HYBRID_NOTE = ("{bare} layer(s) run no attention beside {layers} that do (a hybrid of attention and state-space or "
-               "recurrent layers), and the cost model puts attention in every layer; pass spec= for the attention layers")
+               "recurrent layers), and the cost model puts attention in every layer; pass spec= for the attention "
+               "layers")
 REAL_NOTE = ("counted on real tensors (the torch backend's last resort): the inputs' values chose the "
              "data-dependent branches, so this profile holds for these inputs only and is not cached")
 NOTHING_RAN = ("the forward counted 0 MAC: nothing ran on these inputs (trimmed to 0 tokens?); a profile of "
@@ -110,9 +112,8 @@ class Setup:
     """The twin of one model and what is read from it before a count (shared by a sweep's lengths)."""
 
     target: nn.Module
-    model_name: str
-    spec: ModelSpec | None
-    options: Options
+    request: Request  # a sweep's in one run: what its lengths share
+    spec: ModelSpec | None  # the request's, for causal="kept" the one its windows keep
     twin: nn.Module
     notes: list[str]
     masks: Mapping[str, Any] | None
@@ -132,14 +133,14 @@ class Setup:
                 for name, module in self.twin.named_modules()}
 
     @classmethod
-    def of(cls, target: nn.Module, model_name: str, spec: ModelSpec | None, spec_note: str | None,
-           options: Options) -> Setup:
+    def of(cls, target: nn.Module, request: Request) -> Setup:
         twin = counting.meta_twin(target)  # a scripted module, an uncopyable model: no counter can help
         notes = families.prepare_twin(twin)
+        spec, spec_note = request.spec, request.spec_note
         # triangular mask buffers of the original (the twin's are empty): causal accounting reads them
-        causal = options.causal != "full"
+        causal = request.causal != "full"
         masks = counting.buffer_masks(target) if causal else None
-        local = families.local_layers(twin) if options.causal == "kept" else None
+        local = families.local_layers(twin) if request.causal == "kept" else None
         if local and spec is not None:
             spec, spec_note = _kept_spec(spec, families.local_attention(twin))
         if spec is None and spec_note:
@@ -148,7 +149,7 @@ class Setup:
         declared = {name: module.is_causal for name, module in twin.named_modules()
                     if isinstance(getattr(module, "is_causal", None), bool)}
         return cls(
-            target=target, model_name=model_name, spec=spec, options=options, twin=twin, notes=notes, masks=masks,
+            target=target, request=request, spec=spec, twin=twin, notes=notes, masks=masks,
             declared=declared, local=local,
             causal_modules=frozenset(name for name, said in declared.items() if said) if causal else None,
             bidirectional=frozenset(name for name, said in declared.items() if not said) if causal else frozenset(),
@@ -166,22 +167,30 @@ def _kept_spec(spec: ModelSpec, local: list[tuple[str, int, int]]) -> tuple[Mode
     return families.with_window(spec, window, layers), None
 
 
-def run(target: nn.Module, model_name: str, spec: ModelSpec | None, spec_note: str | None, spec_read: bool,
-        built: inputs.Built, n: int | None, batch: int, batch_given: bool, roles: Mapping[str, Any] | None,
-        options: Options) -> Profile:
-    """Setup, count, place and assemble: *target* counted on *built* inputs.
+def for_model(target: nn.Module, request: Request) -> Request:
+    """*request* with what *target* says where the user said nothing: its name (the model's class), and the spec
+    read from its config (a decode step's: what its cache keeps), or why there is none."""
+    spec, note = request.spec, None
+    if request.spec_read:
+        spec, note = families.spec_of(target)
+        if spec is not None and request.mode == "decode":
+            spec = families.windowed_spec(spec, target)
+    return dataclasses.replace(request, name=request.name or counting.model_class(target), spec=spec, spec_note=note)
+
+
+def run(target: nn.Module, request: Request, built: inputs.Built) -> Profile:
+    """Setup, count, place and assemble: *target* counted on *built* inputs, as *request* asks.
 
     Raises:
         ProfileError: naming the model, when it cannot be counted or placed.
     """
     try:
         with quiet_counting():
-            setup = Setup.of(target, model_name, spec, spec_note, options)
-            counted = counting.count(target, setup.twin, built.call, options, setup.masks, built.real_call, n)
-            placement = place(setup, counted.raw, roles, spec_read)
-            return assemble(setup, counted, placement, built, n, batch, batch_given)
+            setup = Setup.of(target, request)
+            counted = counting.count(target, setup.twin, built, setup.masks, request)
+            return assemble(setup, counted, place(setup, counted.raw), built, request)
     except ProfileError as exc:
-        raise named(model_name, exc) from exc.__cause__
+        raise named(request.name, exc) from exc.__cause__
 
 
 @dataclass(frozen=True)
@@ -193,17 +202,15 @@ class Placement:
     parts: parts_mod.Split
     spec: ModelSpec | None
     notes: tuple[str, ...]
-    spec_read: bool  # read from the config (a given spec= is kept as it is)
     recompute: Mapping[str, int] = dataclasses.field(default_factory=dict)  # train mode: see Profile.recompute
     forward_macs: int | None = None  # train mode: the forward alone
 
 
-def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_read: bool,
-          found: roles_mod.Structure | None = None) -> Placement:
+def place(setup: Setup, raw: RawCount, found: roles_mod.Structure | None = None) -> Placement:
     """The split of *raw* by the user's roles= or the structure (*found*: already found for these records),
-    and the spec as the structure corrects it."""
-    spec, twin, notes = setup.spec, setup.twin, list(setup.notes)
-    decoding = setup.options.mode == "decode"
+    and the spec as the structure corrects it (a spec read from the config; a given one is kept as it is)."""
+    spec, twin, notes, request = setup.spec, setup.twin, list(setup.notes), setup.request
+    roles, spec_read, decoding = request.roles, request.spec_read, request.mode == "decode"
     structure = None
     if roles is not None:
         assigned = parts_mod.explicit_roles(roles, raw.module_names)
@@ -218,7 +225,7 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
                 for scope in roles_mod.core_scopes(raw.records)]
         said = [causal for causal in said if causal is not None]
         if said and not any(said):
-            raise ProfileError(NOT_A_DECODER.format(name=setup.model_name))
+            raise ProfileError(NOT_A_DECODER.format(name=request.name))
     if not assigned:
         raise ProfileError("found neither attention nor an FFN (no fused attention op and no product of two "
                            f"activations chained like QK^T and AV); {roles_mod.ROLES_HINT}")
@@ -231,7 +238,7 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
         if gated is not None and gated != spec.gated:
             spec = dataclasses.replace(spec, gated=gated)
     if (spec is None and spec_read and structure is not None and setup.spec_note is None
-            and setup.options.mode == "forward" and setup.local is None):
+            and request.mode == "forward" and setup.local is None):
         spec = inferred.infer_spec(raw.records, structure)  # a model of one's own: the trace shows its shape
         if spec is not None:
             notes.append(inferred.INFERRED_NOTE.format(spec=inferred.spec_keywords(spec)))
@@ -240,13 +247,13 @@ def place(setup: Setup, raw: RawCount, roles: Mapping[str, Any] | None, spec_rea
         notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))
         spec = None
     parts = parts_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional, setup.local)
-    if setup.options.causal != "full" and decoding:
-        notes.append(DECODE_HALF_NOTE.format(causal=setup.options.causal))
+    if request.causal != "full" and decoding:
+        notes.append(DECODE_HALF_NOTE.format(causal=request.causal))
     notes += parts_mod.split_notes(parts, structure)
     if not parts.halved:
         assert parts.attention_core + parts.attention_proj + parts.ffn + parts.other == raw.total, "split lost MACs"
-    train = _train_split(setup, raw, assigned, structure, parts) if setup.options.mode == "train" else ({}, None)
-    return Placement(assigned, structure, parts, spec, tuple(notes), spec_read, *train)
+    train = _train_split(setup, raw, assigned, structure, parts) if request.mode == "train" else ({}, None)
+    return Placement(assigned, structure, parts, spec, tuple(notes), *train)
 
 
 def _train_split(setup: Setup, raw: RawCount, assigned: Mapping[str, str], structure: roles_mod.Structure | None,
@@ -271,38 +278,38 @@ def _train_split(setup: Setup, raw: RawCount, assigned: Mapping[str, str], struc
     return recompute, sum(getattr(alone, part) for part in PARTS)
 
 
-def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs.Built, n: int | None, batch: int,
-             batch_given: bool) -> Profile:
+def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs.Built, request: Request) -> Profile:
     """The profile: n and batch read back from the inputs, the counts, the notes and the warnings."""
-    target, options, raw, parts = setup.target, setup.options, counted.raw, placement.parts
+    target, raw, parts = setup.target, counted.raw, placement.parts
     spec, notes, structure = placement.spec, list(placement.notes), placement.structure
-    decoding = options.mode == "decode"
+    decoding = request.mode == "decode"
     if counted.real:
         notes.append(REAL_NOTE)
     notes += counted.notes  # how FlexAttention was counted
     if placement.recompute:
         notes.append(RECOMPUTE_NOTE.format(macs=sum(placement.recompute.values()), parts=", ".join(
             f"{part} {macs:,}" for part, macs in placement.recompute.items()), forward=placement.forward_macs))
+    ran = inputs.Ran(target, built, spec, parts)
     if decoding:
-        n, batch = inputs.decode_lengths(target, built, n, batch, batch_given, spec, parts, options.new_tokens)
+        n, batch = inputs.decode_lengths(ran, request)
     else:
-        n, batch = inputs.read_lengths(target, built, n, batch, batch_given, spec, parts)
-        folded = inputs.folded_sequences(target, built, spec, parts, batch)
-        if folded is not None and placement.spec_read:
+        n, batch = inputs.read_lengths(ran, request)
+        folded = inputs.folded_sequences(ran, batch)
+        if folded is not None and request.spec_read:
             notes.append(SPEC_NOTE.format(why=FOLDED_NOTE.format(sequences=folded, n=n, batch=batch)))
             spec = None
-    assert n is not None
-    memory = None if decoding else inputs.second_length(target, built, n, options.m, spec, parts)
-    layers = spec.layers if spec is not None else max(1, len(structure.layers if structure else parts.attention_modules))
+    memory = None if decoding else inputs.second_length(dataclasses.replace(ran, spec=spec), n, request.m)
+    attention_layers = structure.layers if structure else parts.attention_modules
+    layers = spec.layers if spec is not None else max(1, len(attention_layers))
     dtype = families.float_dtype(target)
     result = Profile(
-        name=setup.model_name, n=n, batch=batch, attention_core=parts.attention_core,
+        name=request.name, n=n, batch=batch, attention_core=parts.attention_core,
         attention_proj=parts.attention_proj, ffn=parts.ffn, other=parts.other, layers=layers, spec=spec, m=memory,
         unsupported_ops=dict(sorted(raw.unsupported_ops.items())), by_module=raw.by_module, backend=counted.backend,
-        mode=options.mode, causal=options.causal, causal_applied=parts.halved, fallback=counted.fallback,
+        mode=request.mode, causal=request.causal, causal_applied=parts.halved, fallback=counted.fallback,
         versions=versions(), ffn_router=parts.ffn_router, notes=tuple(notes),
         modules=_module_rows(setup, placement.assigned, structure),
-        new_tokens=options.new_tokens if decoding else None,
+        new_tokens=request.new_tokens,
         kv_cache_bytes=inputs.cache_bytes(built.args, built.kwargs) if decoding else None,
         roles=dict(placement.assigned), roles_given=structure is None, outside=dict(sorted(parts.outside.items())),
         dtype=str(dtype).removeprefix("torch."),
@@ -310,7 +317,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
                for part, (weights, activations) in sorted(parts.moved.items())},
         recompute=dict(placement.recompute), forward_macs=placement.forward_macs,
     )
-    warnings = parts_mod.structure_warnings(parts, structure, raw.records, spec, setup.model_name)
+    warnings = parts_mod.structure_warnings(parts, structure, raw.records, spec, request.name)
     warnings += _formula_warnings(result)
     if counted.unchecked:
         warnings.append(counted.unchecked)
@@ -327,8 +334,8 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         for kind, tokens, count in families.local_attention(target):
             if n > tokens:
                 template = WINDOW_HALF_WARNING if kind == "window" else CHUNK_HALF_WARNING
-                warnings.append(template.format(layers=count, window=tokens, chunk=tokens, causal=options.causal,
-                                                fix=KEPT_FIXES[options.causal]))
+                warnings.append(template.format(layers=count, window=tokens, chunk=tokens, causal=request.causal,
+                                                fix=KEPT_FIXES[request.causal]))
     return dataclasses.replace(result, warnings=tuple(warnings)) if warnings else result
 
 
@@ -381,19 +388,14 @@ def _library_code(twin: nn.Module) -> bool:
     return True
 
 
-def _one_run_takes(kwargs: Mapping[str, Any], lengths: list[int]) -> bool:
-    """Whether profile()'s arguments are of the few forms a one-run sweep takes as they are."""
-    allowed = {"batch", "inputs", "roles", "spec", "name", "backend", "mode", "causal", "fallback"}
-    given = kwargs.get("inputs")
+def _one_run_takes(request: Request) -> bool:
+    """Whether a sweep's request is of the few forms a one-run sweep takes: torch's forward counts, of default
+    inputs or of a callable ``inputs=`` (fixed inputs hold one length), causal "full" or "half", no m."""
+    given = request.inputs
     if given is not None and (not callable(given) or isinstance(given, (nn.Module, torch.Tensor))):
-        return False  # fixed inputs hold one length
-    if (kwargs.get("backend") != "torch" or kwargs.get("mode", "forward") != "forward" or not set(kwargs) <= allowed
-            or kwargs.get("causal", "full") not in ("full", "half") or not isinstance(kwargs.get("name"), str)
-            or not isinstance(kwargs.get("roles") or {}, Mapping)
-            or not isinstance(kwargs.get("spec"), (ModelSpec, type(None)))):
         return False
-    batch = kwargs.get("batch") or 1
-    return type(batch) is int and batch >= 1 and max(lengths) * batch <= request.LARGEST_TOKENS and len(lengths) >= 2
+    return (request.backend == "torch" and request.mode == "forward" and request.causal != "kept"
+            and request.m is None and len(request.lengths) >= 2)
 
 
 def _unit_sizes(raw: RawCount) -> tuple[bool, ...]:
@@ -422,42 +424,34 @@ def _structures(setup: Setup, raws: list[RawCount]) -> list[roles_mod.Structure]
     return structures
 
 
-def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, Any]) -> list[Profile] | None:
-    """The torch backend's sweep: every length counted in one run (see one_run.py); None where that cannot be.
-
-    Only forward counts of default inputs or of a callable ``inputs=`` (called with the swept length on the
-    meta device), with arguments profile() would take as they are; anything else (and any length the run
-    cannot stand for) is counted one length at a time, which also gives bad arguments their usual message.
+def sweep_in_one_run(target: nn.Module, request: Request) -> list[Profile] | None:
+    """The torch backend's sweep: every length of *request* counted in one run (see one_run.py), then placed and
+    assembled as :func:`run` does; None where that cannot be (:func:`_one_run_takes`, or a length the run cannot
+    stand for), and the lengths are counted one at a time, which also gives any error its usual message.
     """
-    if not one_run.POSSIBLE or not _one_run_takes(kwargs, lengths):
+    if not one_run.POSSIBLE or not _one_run_takes(request):
         return None
-    given, batch_given, batch = kwargs.get("inputs"), kwargs.get("batch") is not None, kwargs.get("batch") or 1
-    roles, spec, model_name = kwargs.get("roles"), kwargs.get("spec"), kwargs["name"]
-    options = Options("torch", "forward", kwargs.get("causal", "full"), bool(kwargs.get("fallback", True)), 0)
-    spec_note, spec_read = None, spec is None
-    if spec is None:
-        spec, spec_note = families.spec_of(target)
-    keys = cache.cache_keys(target, lengths, batch, batch_given, given, roles,
-                            ("read" if spec_read else "given", spec), model_name, options)
+    keys = cache.cache_keys(target, request)
     cached = [cache.lookup(key) for key in keys]
     if all(found is not None for found in cached):
         return cached  # type: ignore[return-value]
+    given, lengths = request.inputs, list(request.lengths)
 
     def inputs_at(n: Any) -> inputs.Built:
         if given is None or isinstance(n, int):
-            return inputs.build(target, n, batch, given)  # as profile() builds them
+            return inputs.build(target, request.at(n))  # as profile() builds them
         with torch.device("meta"):  # the user's callable, given the swept length: tensors made on meta
-            made = inputs.user_inputs(given, n, batch)
+            made = inputs.user_inputs(given, n, request.batch)
         if not all(t.is_meta for t in pytree.tree_leaves(made) if isinstance(t, torch.Tensor)):
             raise ProfileError("inputs= made tensors off the meta device for a swept length")
         return inputs.Built(*made)
 
     try:
-        built = inputs_at(cast(int, one_run.length_of(lengths)))
+        built = inputs_at(one_run.length_of(lengths))
         if not one_run.swept((built.args, built.kwargs)):
             return None  # inputs that do not depend on n (an image model): nothing to sweep in one run
         with quiet_counting():
-            setup = Setup.of(target, model_name, spec, spec_note, options)
+            setup = Setup.of(target, request)
             raw = counting.count_forward_torch(setup.twin, built.args, built.kwargs, buffer_masks=setup.masks)
             state = [t.shape for t in (*setup.twin.parameters(), *setup.twin.buffers())]
             if one_run.swept(state):
@@ -471,10 +465,9 @@ def sweep_in_one_run(target: nn.Module, lengths: list[int], kwargs: dict[str, An
                 if (alone.total, alone.records, alone.by_module, alone.unsupported_ops) != (
                         first.total, first.records, first.by_module, first.unsupported_ops):
                     return None
-            structures = _structures(setup, raws) if roles is None else [None] * len(raws)
-            profiles = [assemble(setup, Counted(raw_n, "torch"), place(setup, raw_n, roles, spec_read, found),
-                                 inputs_at(n), n, batch, batch_given)
-                        for n, raw_n, found in zip(lengths, raws, structures)]
+            structures = _structures(setup, raws) if request.roles is None else [None] * len(raws)
+            profiles = [assemble(setup, Counted(raw_n, "torch"), place(setup, raw_n, found), inputs_at(n),
+                                 request.at(n)) for n, raw_n, found in zip(lengths, raws, structures)]
     except (Exception, one_run.Diverged):  # noqa: BLE001 - the lengths one at a time say what is wrong, if anything
         return None
     for key, result in zip(keys, profiles):

@@ -16,6 +16,7 @@ import pytest
 
 from . import cache
 from .markers import MARKER_HELP, Bounds, MarkerError
+from .request import DEFAULT_REPEATS, DEFAULT_WARMUP
 from .session import (
     BASELINE_KEY,
     BOUNDS_KEY,
@@ -198,32 +199,19 @@ class AttncostFixture:
         backends when cross-checking)."""
         from .api import profile
 
-        # The marker's n and batch hold for explicit tensors too: profile() then checks that the
-        # inputs agree, instead of the test silently passing at another length.
-        if n is None:
-            n = self._n
-        if batch is None and self._bounds is not None:
-            batch = self._bounds.batch
-        if m is None and self._bounds is not None:
-            m = self._bounds.m
-        if mode is None:  # the marker's mode (and decode step), else a forward pass
-            mode = (self._bounds.mode if self._bounds is not None else None) or "forward"
-        if mode == "decode" and new_tokens is None and self._bounds is not None:
-            new_tokens = self._bounds.new_tokens
-        settings = self._item.config.stash[SETTINGS_KEY]
-        options = dict(batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, mode=mode, causal=causal,
-                       new_tokens=new_tokens, m=m)
+        n, call = self._marked(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend,
+                               mode=mode, causal=causal, new_tokens=new_tokens, m=m)
+        bounds = self._bounds
         if memory is None:
-            memory = self._bounds is not None and self._bounds.has_memory_bounds
-        result = profile(model, n, backend=backend or settings.backend, fallback=fallback, memory=memory,
-                         optimizer=optimizer, **options)
+            memory = bounds is not None and bounds.has_memory_bounds
+        result = profile(model, n, fallback=fallback, memory=memory, optimizer=optimizer, **call)
         self._item.stash.setdefault(PROFILES_KEY, []).append(result)
-        wanted = self._bounds.crosscheck if self._bounds is not None and self._bounds.crosscheck is not None else (
-            settings.crosscheck)
-        if wanted and mode == "forward":
+        wanted = bounds.crosscheck if bounds is not None and bounds.crosscheck is not None else (
+            self._item.config.stash[SETTINGS_KEY].crosscheck)
+        if wanted and call["mode"] == "forward":
             other = "torch" if result.backend == "fvcore" else "fvcore"
             try:
-                second: Any = profile(model, n, backend=other, fallback=False, **options)
+                second: Any = profile(model, n, fallback=False, **{**call, "backend": other})
             except Exception as exc:  # noqa: BLE001 - reported as the cross-check's failure
                 second = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
             self._item.stash.setdefault(CROSSCHECK_KEY, {})[id(result)] = second
@@ -231,20 +219,15 @@ class AttncostFixture:
 
     def measure(self, model: Any, n: int | None = None, *, batch: int | None = None, inputs: Any = None,
                 roles: Any = None, spec: Any = None, name: str | None = None, backend: str | None = None,
-                device: Any = "cpu", dtype: Any = None, warmup: int = 2, repeats: int = 5,
-                threads: int | None = None) -> Any:
+                device: Any = "cpu", dtype: Any = None, warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS,
+                seed: int = 0, threads: int | None = None) -> Any:
         """Like :func:`pytest_attncost.measure`: time the real model beside its count, with the marker's n
         and batch; the profile and the timing go to the report, and the marker's time bounds check it."""
         from .api import measure
 
-        if n is None:
-            n = self._n
-        if batch is None and self._bounds is not None:
-            batch = self._bounds.batch
-        settings = self._item.config.stash[SETTINGS_KEY]
-        timing = measure(model, n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
-                         backend=backend or settings.backend, device=device, dtype=dtype, warmup=warmup,
-                         repeats=repeats, threads=threads)
+        n, call = self._marked(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend)
+        timing = measure(model, n, device=device, dtype=dtype, warmup=warmup, repeats=repeats, seed=seed,
+                         threads=threads, **call)
         self._item.stash.setdefault(PROFILES_KEY, []).append(timing.profile)
         self._item.stash.setdefault(TIMINGS_KEY, []).append(timing)
         return timing
@@ -254,14 +237,29 @@ class AttncostFixture:
         against the marker's crossover bounds."""
         from .api import sweep
 
-        if profile_kwargs.get("batch") is None and self._bounds is not None and self._bounds.batch is not None:
-            profile_kwargs["batch"] = self._bounds.batch
-        if profile_kwargs.get("backend") is None:  # as attncost.profile(): --attncost-backend / attncost_backend
-            profile_kwargs["backend"] = self._item.config.stash[SETTINGS_KEY].backend
-        result = sweep(model, ns, **profile_kwargs)
+        _, call = self._marked(None, **{"batch": None, "backend": None, **profile_kwargs})
+        result = sweep(model, ns, **call)
         self._item.stash.setdefault(PROFILES_KEY, []).extend(result)
         self._item.stash.setdefault(SWEEPS_KEY, []).append(result)
         return result
+
+    def _marked(self, n: int | None, **call: Any) -> tuple[int | None, dict[str, Any]]:
+        """*n* and the *call*'s keywords, with the marker's where the test gave none (n, batch, m, mode and its
+        decode step) and the backend of ``--attncost-backend`` / ``attncost_backend``.
+
+        The marker's n and batch hold for explicit tensors too: profile() then checks that the inputs agree,
+        instead of the test silently passing at another length.
+        """
+        bounds = self._bounds
+        for key in ("batch", "m", "mode"):
+            if key in call and call[key] is None and bounds is not None:
+                call[key] = getattr(bounds, key)
+        if "mode" in call:  # the marker's mode (and decode step), else a forward pass
+            call["mode"] = call["mode"] or "forward"
+            if call["mode"] == "decode" and call["new_tokens"] is None and bounds is not None:
+                call["new_tokens"] = bounds.new_tokens
+        call["backend"] = call["backend"] or self._item.config.stash[SETTINGS_KEY].backend
+        return (self._n if n is None else n), call
 
 
 @pytest.fixture
@@ -325,7 +323,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """After the call phase: attach the profiles to the report; a failed check reads as its message."""
     report = yield
     if call.when == "call":

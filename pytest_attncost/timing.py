@@ -72,14 +72,12 @@ from .errors import TimingError
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .inputs import Built
 from .ops import FUSED_ATTENTION_OPS, MATMUL_LIKE_UNSUPPORTED, PRODUCTS, attention_macs
+from .request import DEFAULT_REPEATS, DEFAULT_WARMUP
 from .result import PARTS, TOTALS, Profile, Timing, median
 from .roles import product_part, role_of
 from .units import format_seconds
 
-__all__ = ["DEFAULT_REPEATS", "DEFAULT_WARMUP", "device_of", "time_forward"]
-
-DEFAULT_WARMUP = 2
-DEFAULT_REPEATS = 5
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_WARMUP", "Runs", "device_of", "time_forward"]
 
 MODULE_RANGE = "attncost.module:"
 REPEAT_RANGE = "attncost.repeat:"
@@ -191,6 +189,29 @@ def device_of(device: Any) -> Any:
     elif resolved.type != "cpu":
         raise TimingError(f"device={device!r}: measure() runs on 'cpu' or 'cuda'")
     return resolved
+
+
+@dataclass(frozen=True)
+class Runs:
+    """How measure() runs the forwards (its arguments, checked as they are made; the device resolved)."""
+
+    device: Any = "cpu"
+    dtype: Any = None
+    warmup: int = DEFAULT_WARMUP
+    repeats: int = DEFAULT_REPEATS
+    seed: int = 0
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for label, value, least in (("warmup", self.warmup, 0), ("repeats", self.repeats, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise TimingError(f"{label} must be an int >= {least}, got {value!r}")
+        threads = self.threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise TimingError(f"threads must be a positive int, got {threads!r}")
+        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
+            raise TimingError(f"dtype= must be a torch.dtype such as torch.bfloat16, got {self.dtype!r}")
+        object.__setattr__(self, "device", device_of(self.device))
 
 
 def _runner(model: Any, device: Any, dtype: Any, seed: int) -> Any:
@@ -418,21 +439,20 @@ def _describe(device: Any) -> str:
     return f"{platform.machine() or 'unknown'} CPU, {threads} thread{'' if threads == 1 else 's'}"
 
 
-def time_forward(counted: Profile, model: Any, built: Built, device: Any, dtype: Any, warmup: int, repeats: int,
-                 seed: int, threads: int | None) -> Timing:
+def time_forward(counted: Profile, model: Any, built: Built, runs: Runs) -> Timing:
     """Time *model*'s forward on *built*'s inputs (given values, or default inputs filled with random floats),
     and place the time with *counted*'s role map; the MACs are *counted*'s.
 
     Raises:
         TimingError: a model that cannot run on *device* (the message says why).
     """
-    runner = _runner(model, device, dtype, seed)
-    generator = torch.Generator().manual_seed(seed)
+    device, dtype, repeats = runs.device, runs.dtype, runs.repeats
+    runner = _runner(model, device, dtype, runs.seed)
+    generator = torch.Generator().manual_seed(runs.seed)
     # the inputs profile() counted, now with values (for a vision model n stays None: the image decides)
     args, kwargs = _real_inputs(built.given or (built.args, built.kwargs), device, dtype, generator)
     try:
-        plain, traced, events, device_name = _timed_runs(runner, lambda: runner(*args, **kwargs), device, warmup,
-                                                         repeats, threads)
+        plain, traced, events, device_name = _timed_runs(runner, lambda: runner(*args, **kwargs), runs)
     except TimingError:
         raise
     except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue
@@ -457,32 +477,33 @@ def time_forward(counted: Profile, model: Any, built: Built, device: Any, dtype:
     return Timing(
         name=counted.name, n=counted.n, batch=counted.batch, device=str(device), device_name=device_name,
         dtype=str(next((p.dtype for p in runner.parameters()), torch.get_default_dtype())).replace("torch.", ""),
-        clock="device" if device.type == "cuda" else "wall", warmup=warmup, repeats=repeats,
+        clock="device" if device.type == "cuda" else "wall", warmup=runs.warmup, repeats=repeats,
         samples={key: tuple(values) for key, values in samples.items()}, macs=mac_parts, roles=dict(counted.roles),
         by_module={module: median(values) for module, values in by_module.items()}, timed_macs=timed_macs,
         notes=tuple(_notes(mac_parts, timed_macs, unread, plain, traced)), profile=counted,
     )
 
 
-def _timed_runs(runner: nn.Module, run: Callable[[], Any], device: Any, warmup: int, repeats: int,
-                threads: int | None) -> tuple[list[float], list[float], list[_Node], str]:
+def _timed_runs(runner: nn.Module, run: Callable[[], Any], runs: Runs
+                ) -> tuple[list[float], list[float], list[_Node], str]:
     """Warm-up, the plain forwards timed whole, then the traced ones under the profiler: (plain seconds,
     traced seconds, the repeats' event trees, the device's description with the threads in force)."""
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
+    device = runs.device
     clock = _Clock(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     traced: list[float] = []
-    with _timing_environment(device, threads):
-        for _ in range(warmup):
+    with _timing_environment(device, runs.threads):
+        for _ in range(runs.warmup):
             clock.time(run)
-        plain = [clock.time(run) for _ in range(repeats)]
+        plain = [clock.time(run) for _ in range(runs.repeats)]
         ranges = _Ranges(runner)
         try:
             with torch_profile(activities=activities, record_shapes=True) as prof:
                 run()  # the profiler's own first-call costs stay out of the repeats
-                for i in range(repeats):
+                for i in range(runs.repeats):
                     with record_function(f"{REPEAT_RANGE}{i}"):
                         traced.append(clock.time(run))
         finally:

@@ -11,13 +11,14 @@ import torch
 from torch import nn
 
 from pytest_attncost import ProfileError, cache, clear_cache, profile
+from pytest_attncost.request import Request
 
 D = tm.HIDDEN
 FFN_ONLY = {"ffn": ["*"]}
 
 
 def _key(model: nn.Module, inputs: object = None) -> object:
-    return cache.cache_key(model, 16, 1, False, inputs, None, None, "x")
+    return cache.cache_key(model, Request(16, inputs=inputs, name="x"))
 
 
 # --- the key: configs ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ from torch import nn
 
 import pytest_attncost
 from pytest_attncost import ModelSpec, ProfileError, clear_cache, profile
+from pytest_attncost.request import Request
 
 D, H, DH, F, L = tm.HIDDEN, tm.HEADS, tm.HEAD_DIM, tm.FFN, tm.LAYERS
 
@@ -271,7 +272,7 @@ def test_cache_hits_and_never_goes_stale():
     model.train(not model.training)
     assert profile(model, 96) is not fewer  # flags are part of the key
     callable_inputs = profile(tm.torch_encoder(), 16, inputs=lambda n, b: (torch.zeros(b, n, D),))
-    assert api.cache_key(tm.torch_encoder(), 16, 1, False, lambda n, b: (), None, None, "x") is None
+    assert api.cache_key(tm.torch_encoder(), Request(16, inputs=lambda n, b: (), name="x")) is None
     assert callable_inputs.n == 16
 
 

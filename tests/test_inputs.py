@@ -7,8 +7,9 @@ from torch import nn
 
 from pytest_attncost.errors import ProfileError
 from pytest_attncost.families import INPUTS_HINT
-from pytest_attncost.inputs import Built, build, cache_bytes, fresh, read_lengths, token_shape
+from pytest_attncost.inputs import Built, Ran, build, cache_bytes, fresh, read_lengths, token_shape
 from pytest_attncost.parts import Split
+from pytest_attncost.request import Request
 
 WIDTH = 64
 
@@ -41,7 +42,7 @@ def _is_meta_copy(copy, original):
 
 
 def test_default_inputs_of_a_bert_are_token_ids_on_meta():
-    built = build(tiny_bert(), 16, 2, None)
+    built = build(tiny_bert(), Request(16, 2))
     assert (built.args, built.given, built.decoding) == ((), None, False)
     ids = built.kwargs["input_ids"]
     assert (tuple(ids.shape), ids.dtype, ids.device.type) == ((2, 16), torch.int64, "meta")
@@ -51,8 +52,8 @@ def test_default_inputs_of_a_bert_are_token_ids_on_meta():
 
 
 def test_default_inputs_of_torch_modules_follow_their_layout():
-    first = build(encoder(batch_first=True), 16, 2, None).args[0]
-    second = build(encoder(batch_first=False), 16, 2, None).args[0]
+    first = build(encoder(batch_first=True), Request(16, 2)).args[0]
+    second = build(encoder(batch_first=False), Request(16, 2)).args[0]
     assert (tuple(first.shape), first.device.type) == ((2, 16, WIDTH), "meta")
     assert tuple(second.shape) == (16, 2, WIDTH)
 
@@ -62,7 +63,7 @@ def test_default_inputs_of_torch_modules_follow_their_layout():
 
 def test_a_tuple_is_kept_and_copied_to_meta():
     x, mask = torch.ones(2, 8, WIDTH), torch.ones(2, 8, dtype=torch.bool)
-    built = build(Plain(), None, 1, (x, mask))
+    built = build(Plain(), Request(None, 1, inputs=(x, mask)))
     assert built.given == ((x, mask), {})
     assert built.given[0][0] is x and built.given[0][1] is mask  # the values, for the real-tensor fallback
     assert all(_is_meta_copy(copy, original) for copy, original in zip(built.args, (x, mask)))
@@ -72,13 +73,13 @@ def test_a_tuple_is_kept_and_copied_to_meta():
 
 def test_a_list_is_taken_as_positional_arguments():
     x = torch.ones(1, 4, WIDTH)
-    built = build(Plain(), None, 1, [x])
+    built = build(Plain(), Request(None, 1, inputs=[x]))
     assert built.given == ((x,), {}) and _is_meta_copy(built.args[0], x)
 
 
 def test_a_dict_is_keyword_arguments():
     ids = torch.ones(3, 12, dtype=torch.long)
-    built = build(tiny_bert(), None, 1, {"input_ids": ids, "output_attentions": False})
+    built = build(tiny_bert(), Request(None, 1, inputs={"input_ids": ids, "output_attentions": False}))
     assert built.given == ((), {"input_ids": ids, "output_attentions": False})
     assert built.given[1]["input_ids"] is ids
     assert built.args == () and _is_meta_copy(built.kwargs["input_ids"], ids)
@@ -87,7 +88,7 @@ def test_a_dict_is_keyword_arguments():
 
 def test_a_tensor_is_the_one_positional_argument():
     x = torch.ones(2, 5, WIDTH)
-    built = build(Plain(), None, 1, x)
+    built = build(Plain(), Request(None, 1, inputs=x))
     assert built.given[0][0] is x and built.given[1] == {}
     assert len(built.args) == 1 and _is_meta_copy(built.args[0], x)
 
@@ -99,7 +100,7 @@ def test_a_callable_is_called_with_n_and_batch():
         calls.append((n, batch))
         return (torch.full((batch, n, WIDTH), 2.0),)
 
-    built = build(Plain(), 5, 3, inputs)
+    built = build(Plain(), Request(5, 3, inputs=inputs))
     assert calls == [(5, 3)]  # once
     (x,), kwargs = built.given
     assert kwargs == {} and tuple(x.shape) == (3, 5, WIDTH) and bool((x == 2).all())  # the values it made
@@ -119,7 +120,7 @@ def test_a_callable_is_called_with_n_and_batch():
 )
 def test_bad_inputs_are_a_profile_error(n, inputs, message):
     with pytest.raises(ProfileError) as caught:
-        build(Plain(), n, 1, inputs)
+        build(Plain(), Request(n, 1, inputs=inputs))
     assert str(caught.value) == message
 
 
@@ -128,7 +129,7 @@ def test_a_callable_that_raises_is_named():
         raise RuntimeError("no such device")
 
     with pytest.raises(ProfileError) as caught:
-        build(Plain(), 16, 2, inputs)
+        build(Plain(), Request(16, 2, inputs=inputs))
     assert str(caught.value) == "inputs(n=16, batch=2) raised RuntimeError: no such device"
     assert isinstance(caught.value.__cause__, RuntimeError)
 
@@ -152,15 +153,15 @@ def test_token_shape():
 
 
 def _lengths(model, inputs, n=None, batch=1, batch_given=False, split=None):
-    built = build(model, n, batch, inputs)
-    return read_lengths(model, built, n, batch, batch_given, None, split or Split())
+    request = Request(n, batch, batch_given, inputs=inputs)
+    return read_lengths(Ran(model, build(model, request), None, split or Split()), request)
 
 
 def test_default_inputs_were_built_for_n():
     bert = tiny_bert()
-    built = build(bert, 16, 2, None)
+    built = build(bert, Request(16, 2))
     # whatever the attention saw: the inputs were made for n and batch
-    assert read_lengths(bert, built, 16, 2, True, None, Split(lengths=[(9, 9, 4)])) == (16, 2)
+    assert read_lengths(Ran(bert, built, None, Split(lengths=[(9, 9, 4)])), Request(16, 2, True)) == (16, 2)
 
 
 def test_n_and_batch_are_read_back_from_token_ids():
@@ -242,7 +243,7 @@ def test_fresh_on_real_tensors_clones_the_values():
 
 def test_a_decode_step_counts_on_a_fresh_cache_every_time():
     cache = Cache(torch.ones(1, 2, 8, 4), torch.ones(1, 2, 8, 4))
-    built = build(Plain(), 8, 1, (torch.ones(1, 1, WIDTH), cache), decoding=True)
+    built = build(Plain(), Request(8, inputs=(torch.ones(1, 1, WIDTH), cache), mode="decode", new_tokens=1))
     assert isinstance(built, Built) and built.decoding and built.given[0][1] is cache
     (_, first), _ = built.call()
     (_, second), _ = built.call()

@@ -12,7 +12,7 @@ ops, the torch backend looks inside them. Each step says what it did.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +23,9 @@ from torch.utils import _pytree as pytree
 from ..errors import CountError
 from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..families import prepare_twin
-from ..inputs import to_real
+from ..inputs import Built, to_real
 from ..ops import RawCount, is_fused, is_product
+from ..request import Request
 from . import flex
 from .dispatch import at_lengths, count_forward_torch, module_totals
 from .graphs import model_class, run_in_scopes, shell_containers, unscoped
@@ -33,21 +34,9 @@ from .masks import buffer_masks
 from .repeats import full_trace
 from .twin import HOOKS_NOTE, kept_torch_state, meta_twin, real_twin, unwrap, user_hooks
 
-__all__ = ["HOOKS_NOTE", "Counted", "Options", "at_lengths", "buffer_masks", "count", "count_forward",
+__all__ = ["HOOKS_NOTE", "Counted", "at_lengths", "buffer_masks", "count", "count_forward",
            "count_forward_torch", "fresh_count", "full_trace", "kept_torch_state", "meta_twin", "model_class",
            "module_totals", "real_twin", "shell_containers", "unscoped", "unwrap", "user_hooks"]
-
-
-@dataclass(frozen=True)
-class Options:
-    """How to count: part of the cache key."""
-
-    backend: str = "fvcore"
-    mode: str = "forward"
-    causal: str = "full"
-    fallback: bool = True
-    new_tokens: int = 0  # decode mode: the step's query tokens
-    m: int | None = None  # the second sequence's length asked for (Profile.m)
 
 
 @dataclass(frozen=True)
@@ -92,62 +81,58 @@ def fresh_count(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     return count_forward_torch(twin, args, kwargs, buffer_masks=masks)
 
 
-def count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
-          options: Options, masks: Mapping[str, Any] | None,
-          real_call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None], n: int | None) -> Counted:
-    """Count *twin* (of *target*) on the inputs *call* gives (fresh ones each time: a decode step appends
-    to its cache), with the options' backend, falling back as :mod:`.counting` says.
+def count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str, Any] | None,
+          request: Request) -> Counted:
+    """Count *twin* (of *target*) on *built* inputs (fresh ones each time: a decode step appends to its cache),
+    with the request's backend, falling back as :mod:`.counting` says.
 
-    *real_call* gives the user's own inputs with their values (None for default inputs): the last
-    resort runs on those, so data-dependent branches take the path they take. FlexAttention runs as
-    its stand-ins meanwhile (:mod:`.flex`).
+    The last resort runs on the user's own inputs with their values (``built.real_call``), so data-dependent
+    branches take the path they take. FlexAttention runs as its stand-ins meanwhile (:mod:`.flex`).
 
     Raises:
         CountError: no counter could count the model; the message says why and what to do.
     """
-    with flex.standing_in(twin, options.causal, real_call) as session:
-        counted = _count(target, twin, call, options, masks, real_call, n)
+    with flex.standing_in(twin, request.causal, built.real_call) as session:
+        counted = _count(target, twin, built, masks, request)
     if session is None or not session.calls:
         return counted
     return dataclasses.replace(counted, notes=(flex.FLEX_NOTES[session.causal],), unread=flex.unread(session))
 
 
-def _count(target: nn.Module, twin: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
-           options: Options, masks: Mapping[str, Any] | None,
-           real_call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None], n: int | None) -> Counted:
-    train = options.mode == "train"
-    backend = "torch" if train else options.backend  # a backward needs the dispatcher's counter
+def _count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str, Any] | None,
+           request: Request) -> Counted:
+    train = request.mode == "train"
+    backend = "torch" if train else request.backend  # a backward needs the dispatcher's counter
     try:
         if backend == "fvcore":
-            raw = count_forward(twin, *call(), buffer_masks=masks)
+            raw = count_forward(twin, *built.call(), buffer_masks=masks)
         else:
-            raw = count_forward_torch(twin, *call(), train=train, buffer_masks=masks)
+            raw = count_forward_torch(twin, *built.call(), train=train, buffer_masks=masks)
     except CountError as exc:
-        if backend != "fvcore" or not options.fallback:
+        if backend != "fvcore" or not request.fallback:
             raise
-        raw, real = _fallback(target, call, real_call, n, exc, masks)
+        raw, real = _fallback(target, built, exc, masks, request.n)
         return Counted(raw, "torch", fallback=str(exc).splitlines()[0], real=real)
     if backend == "fvcore" and raw.opaque:
-        return _look_inside(target, raw, call, masks, options)
+        return _look_inside(target, raw, built, masks, request.fallback)
     return Counted(raw, backend)
 
 
-def _fallback(target: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
-              real_call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None], n: int | None,
-              first: CountError, masks: Mapping[str, Any] | None) -> tuple[RawCount, bool]:
+def _fallback(target: nn.Module, built: Built, first: CountError, masks: Mapping[str, Any] | None,
+              n: int | None) -> tuple[RawCount, bool]:
     """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n.
 
     Real tensors are the user's own inputs as given (so data-dependent branches take the path
     those inputs take); default inputs become zero-filled tensors of their shapes.
     """
-    args, kwargs = call()
+    args, kwargs = built.call()
     try:
         return fresh_count(target, args, kwargs, masks), False
     except CountError as fake_error:
         on_meta = any(t.is_meta for t in [*target.parameters(), *target.buffers()])
         lengths = [d for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) for d in t.shape[1:2]]
         too_long = (n or max(lengths, default=0)) > REAL_TENSOR_MAX_N
-        real_args = real_call()
+        real_args = built.real_call()
         user_meta = real_args is not None and any(
             isinstance(t, torch.Tensor) and t.is_meta for t in pytree.tree_leaves(real_args))
         if on_meta or too_long or user_meta:
@@ -168,8 +153,8 @@ def _fallback(target: nn.Module, call: Callable[[], tuple[tuple[Any, ...], dict[
             raise CountError(f"{first}\nThe fallback failed too: {real_error}") from first.__cause__ or first
 
 
-def _look_inside(target: nn.Module, raw: RawCount, call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
-                 masks: Mapping[str, Any] | None, options: Options) -> Counted:
+def _look_inside(target: nn.Module, raw: RawCount, built: Built, masks: Mapping[str, Any] | None,
+                 fallback: bool) -> Counted:
     """fvcore traced custom autograd Functions as opaque ops: the torch backend, which sees inside them,
     tells whether they hide products. None hidden (Bloom's GELU, a masked softmax): fvcore's count stands.
     Some hidden (YOSO's attention): the torch backend's count, as a fallback that says why; a warning where
@@ -179,13 +164,13 @@ def _look_inside(target: nn.Module, raw: RawCount, call: Callable[[], tuple[tupl
 
     ops = ", ".join(raw.opaque)
     try:
-        seen = fresh_count(target, *call(), masks)
+        seen = fresh_count(target, *built.call(), masks)
     except CountError as exc:
         return Counted(raw, "fvcore", unchecked=OPAQUE_UNCHECKED.format(ops=ops, why=str(exc).splitlines()[0]))
     hidden = products(seen) - products(raw)
     if hidden <= 0:
         return Counted(raw, "fvcore")
     reason = OPAQUE.format(ops=ops, hidden=hidden)
-    if not options.fallback:
+    if not fallback:
         raise CountError(f"{reason}{OPAQUE_FIX}")
     return Counted(seen, "torch", fallback=reason)
