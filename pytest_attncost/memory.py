@@ -85,6 +85,7 @@ def make_optimizer(step: Step, params: list[nn.Parameter]) -> Any:
     optimizer, foreach = step.optimizer, step.foreach
     if not step.train or optimizer is None:
         return None
+    made: Any
     if optimizer == "adamw":
         made = torch.optim.AdamW(params, foreach=foreach)
     elif optimizer == "sgd":
@@ -505,7 +506,7 @@ def real_step(model: nn.Module, call: Any, step: Step, device: torch.device) -> 
     train = step.train
     opt = make_optimizer(step, [p for p in model.parameters() if p.requires_grad])
 
-    def step() -> None:
+    def run() -> None:
         with torch.set_grad_enabled(train):
             output = model(*args, **kwargs)
             if train:
@@ -519,12 +520,12 @@ def real_step(model: nn.Module, call: Any, step: Step, device: torch.device) -> 
     gc.collect()
     if device.type == "cuda":
         with _cuda_peak(device) as found:
-            step()
+            run()
         return found[0], "torch.cuda.max_memory_allocated"
     held = list(remade(call, lambda t: t)[1].values())  # the inputs, a cache's tensors too
     start = sum(s.nbytes() for s in _storages([list(model.parameters()), list(model.buffers()), held,
                                                _state_tensors(opt)]).values())
-    return _profiled_peak(step, start), "torch.profiler memory records"
+    return _profiled_peak(run, start), "torch.profiler memory records"
 
 
 def measure_memory(model: nn.Module, guess: Memory, built: Built, step: Step, device: Any) -> Measured:

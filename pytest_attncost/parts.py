@@ -3,8 +3,9 @@
 :mod:`pytest_attncost.roles` finds the structure (layers, attention calls, projections, FFNs) from the data
 flow; here the records are summed by part: by that structure, or by the user's ``roles=`` (module-name
 globs, ``re:`` expressions or ``class:`` names), with ``causal="half"`` keeping a causal core's n(n+1)/2
-query-key pairs (``causal="kept"``: the pairs its layer's window or chunks keep), the lengths each attention call saw, a mixture's router, and attention outside the
-layers kept apart. The structure's own warnings over the split are here too.
+query-key pairs (``causal="kept"``: the pairs its layer's window or chunks keep), the lengths each attention
+call saw, a mixture's router, and attention outside the layers kept apart. The structure's own warnings over
+the split are here too.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from .roles import ROLE_NAMES, Structure, product_part, role_of
 __all__ = ["Causal", "Split", "explicit_roles", "outside_note", "split", "split_notes", "structure_warnings"]
 
 
-UNKNOWN_MASK_WARNING = ("{module}: causal='{causal}' asked for, but the mask of {macs:,} core MAC has a form the plugin "
-                        "cannot tell; counted in full")
+UNKNOWN_MASK_WARNING = ("{module}: causal='{causal}' asked for, but the mask of {macs:,} core MAC has a form the "
+                        "plugin cannot tell; counted in full")
 
 
 OUTSIDE_NOTE = ("attention outside the repeated layers, counted as attention and left out of the formula's layers: "
@@ -187,7 +188,8 @@ def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
             else "other"
         parts.append("other" if part == "unplaced" else part)
     cores = [i for i, part in enumerate(parts) if part == "attention_core" and records[i].backward_of is None]
-    chained = {i: group for group in Flow(records).groups for i in group if all(parts[j] == "attention_core" for j in group)}
+    chained = {i: group for group in Flow(records).groups for i in group
+               if all(parts[j] == "attention_core" for j in group)}
     groups: dict[tuple[int, ...], None] = {tuple(chained.get(i, [i])): None for i in cores}
     return parts, [(_root(records[g[0]].scope, roles), g) for g in groups]
 
@@ -225,7 +227,8 @@ def _kept(record: OpRecord, local: tuple[str, int] | None) -> int:
         return record.macs
     kind, tokens = local or ("window", None)
     # every product over the n x n pairs is MACs = B * n * n * k; keep B * k * pairs
-    return record.macs // (n * n) * kept_pairs(n, tokens if kind == "window" else None, tokens if kind == "chunk" else None)
+    window, chunk = (tokens, None) if kind == "window" else (None, tokens)
+    return record.macs // (n * n) * kept_pairs(n, window, chunk)
 
 
 def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
@@ -239,7 +242,8 @@ def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
     if len(last.out_shape) < 2:
         return None
     queries, leading = last.out_shape[-2], math.prod(last.out_shape[:-2])
-    if not is_fused(first.op) and len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,):
+    chained = len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,)
+    if chained and not is_fused(first.op):
         # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd")
         queries, leading = first.out_shape[-2], math.prod(first.out_shape[:-2])
     if first.op in SDPA_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
@@ -266,7 +270,8 @@ def structure_warnings(parts: Split, structure: Structure | None, records: Seque
                        name: str) -> list[str]:
     """What makes a split doubtful, each naming the module, the MACs and the cause."""
     found = [UNPLACED_WARNING.format(module=module, macs=macs) for module, macs in parts.unplaced.items()]
-    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs, causal=parts.causal) for module, macs in parts.unknown_masks.items()]
+    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs, causal=parts.causal)
+              for module, macs in parts.unknown_masks.items()]
     if structure is not None:
         found += structure.warnings
         without = [layer for layer in structure.layers if not parts.layer_ffn.get(layer)]
