@@ -366,7 +366,8 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
     free = [i for i in flow.params(flow.products) if i not in inside and i not in placed]
     block_ffn = _outside_ffn(flow, free, outs, [frozenset(output) for output in outputs])
     parts, columns = _parts(flow, structure, projections, inside, block_ffn)
-    return dataclasses.replace(structure, parts=parts, columns=columns, warnings=tuple(_flow_warnings(flow, projections, parts, groups)))
+    warnings = tuple(_flow_warnings(flow, projections, parts, groups))
+    return dataclasses.replace(structure, parts=parts, columns=columns, warnings=warnings)
 
 
 def _parts(flow: Flow, structure: Structure, projections: list[Projections], inside: set[int], block_ffn: set[int]
