@@ -24,13 +24,12 @@ from typing import Any
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec, relative_deviation
 
-__all__ = ["CATEGORIES", "MEMORY_MODES", "Memory", "OPTIMIZERS", "STATE_FACTORS", "activation_bytes",
+__all__ = ["CATEGORIES", "Memory", "OPTIMIZERS", "STATE_FACTORS", "activation_bytes",
            "memory_crossover_n", "memory_crossovers", "model_state_bytes"]
 
 #: What is live at the peak, by what it is.
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "inputs", "kv_cache", "saved_activations",
               "temporaries")
-MEMORY_MODES = ("forward", "train", "decode")
 OPTIMIZERS = ("adamw", "sgd")
 #: Peak model state in parameter bytes: parameters + gradients + optimizer state + the step's temporaries.
 #: AdamW foreach: exp_avg and exp_avg_sq, and one temporary of every parameter's size (4 + 1); fused: no
@@ -58,21 +57,18 @@ def activation_bytes(spec: ModelSpec, n: int, batch: int = 1, *, p: int = 4, mas
         dropout: dropout active (training with p > 0). fused: a fused attention kernel keeps no ``n×n`` tensor
             (CPU sdpa without dropout; with dropout CPU sdpa falls back to the eager path).
     """
-    # s·b·H terms: 16 activations of H (2 LayerNorms, q, k, v, context, projections, 4H FFN in and GELU)
-    s, b, h, a = n, batch, spec.hidden, spec.heads
-    if dropout:
-        return s * b * h * (16 * p + 2 * mask) + a * s * s * b * (2 * p + mask)
-    if fused:
-        return 16 * s * b * h * p + a * s * b * 4
-    return 16 * s * b * h * p + a * s * s * b * p
-
-
-def attention_matrix_bytes(spec: ModelSpec, n: int, batch: int = 1, *, p: int = 4, mask: int = 4,
-                           dropout: bool = True, fused: bool = False) -> int:
-    """The ``n×n`` part of :func:`activation_bytes`: scores, probabilities and the dropout mask, one layer."""
+    # s·b·H terms: 16 activations of H (2 LayerNorms, q, k, v, context, projections, 4H FFN in and GELU), and
+    # with dropout two masks of H
+    linear = n * batch * spec.hidden * (16 * p + 2 * mask if dropout else 16 * p)
     if fused and not dropout:
-        return 0
-    return spec.heads * n * n * batch * ((2 * p + mask) if dropout else p)
+        return linear + spec.heads * n * batch * 4  # a float32 logsumexp per query and head
+    return linear + attention_matrix_bytes(spec, n, batch, 2 * p + mask if dropout else p)
+
+
+def attention_matrix_bytes(spec: ModelSpec, n: int, batch: int, element: int) -> int:
+    """The ``n×n`` part of :func:`activation_bytes`, one layer, at *element* bytes per query-key pair and head:
+    ``2p + m`` with dropout (scores, probabilities and the dropout mask), ``p`` without (the probabilities)."""
+    return spec.heads * n * n * batch * element
 
 
 def memory_crossover_n(spec: ModelSpec, *, p: int = 4, mask: int = 4, dropout: bool = True) -> Fraction:
@@ -230,14 +226,15 @@ def memory_problems(limits: Mapping[str, Any], memory: Memory | None, where: str
         return []
     if memory is None:
         return [NO_MEMORY.format(bound=name) for name in asked]
-    values = {"peak_memory": memory.peak, "activation_memory": memory.activations,
+    values: dict[str, Any] = {"peak_memory": memory.peak, "activation_memory": memory.activations,
               "attention_memory_share": memory.attention_memory_share}
     problems = []
     for name, limit in asked.items():
         what, _, side = name.rpartition("_")
         value = values[what]
         if what != "peak_memory" and memory.mode != "train":
-            problems.append(NOT_TRAINING.format(bound=name, mode="decode step" if memory.mode == "decode" else "forward"))
+            mode = "decode step" if memory.mode == "decode" else "forward"
+            problems.append(NOT_TRAINING.format(bound=name, mode=mode))
             continue
         if not (value > limit if side == "max" else value < limit):
             continue

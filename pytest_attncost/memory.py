@@ -33,10 +33,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .errors import ProfileError
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import CATEGORIES, OPTIMIZERS, Memory
-from .inputs import remade
+from .inputs import Built, remade
 from .roles import role_of
 
-__all__ = ["Measured", "estimate", "loss_of", "make_optimizer", "measure_memory"]
+__all__ = ["Measured", "Step", "estimate", "loss_of", "make_optimizer", "measure_memory"]
 
 #: torch functions that multiply: saved by one of these with a parameter operand is a projection's input.
 _PRODUCTS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "__matmul__", "__rmatmul__",
@@ -64,26 +64,42 @@ def loss_of(output: Any) -> torch.Tensor:
     return torch.stack([t.sum() for t in grads]).sum()
 
 
-def make_optimizer(optimizer: Any, params: list[nn.Parameter], foreach: bool | None) -> Any:
-    """The optimizer of a step: ``"adamw"``, ``"sgd"``, ``None`` (no step) or a callable ``params -> optimizer``."""
-    if optimizer is None:
+@dataclass(frozen=True)
+class Step:
+    """The step estimated or run: its *mode* (``forward``, ``train``, ``decode``), and in a training step its
+    *optimizer* (``"adamw"``, ``"sgd"``, None: no optimizer step, or a callable ``params -> optimizer``) with its
+    kernel (*foreach*: True, False for single-tensor, None for torch's default)."""
+
+    mode: str
+    optimizer: Any = None
+    foreach: bool | None = True
+
+    @property
+    def train(self) -> bool:
+        return self.mode == "train"
+
+
+def make_optimizer(step: Step, params: list[nn.Parameter]) -> Any:
+    """The optimizer of a training *step* (see :class:`Step`), in its steady state (its state made by a first step
+    on zero gradients, then the gradients dropped); None for a forward or a step without one."""
+    optimizer, foreach = step.optimizer, step.foreach
+    if not step.train or optimizer is None:
         return None
+    made: Any
     if optimizer == "adamw":
-        return torch.optim.AdamW(params, foreach=foreach)
-    if optimizer == "sgd":
-        return torch.optim.SGD(params, lr=0.01, foreach=foreach)
-    if callable(optimizer) and not isinstance(optimizer, str):
-        return optimizer(params)
-    raise ProfileError(f"optimizer= must be one of {', '.join(map(repr, OPTIMIZERS))}, None, or a callable "
-                       f"params -> torch.optim.Optimizer, got {optimizer!r}")
-
-
-def _prime(optimizer: Any, params: list[nn.Parameter]) -> None:
-    """The optimizer's state made (a first step on zero gradients), then the gradients dropped: a steady state."""
+        made = torch.optim.AdamW(params, foreach=foreach)
+    elif optimizer == "sgd":
+        made = torch.optim.SGD(params, lr=0.01, foreach=foreach)
+    elif callable(optimizer) and not isinstance(optimizer, str):
+        made = optimizer(params)
+    else:
+        raise ProfileError(f"optimizer= must be one of {', '.join(map(repr, OPTIMIZERS))}, None, or a callable "
+                           f"params -> torch.optim.Optimizer, got {optimizer!r}")
     for p in params:
         p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    made.step()
+    made.zero_grad(set_to_none=True)
+    return made
 
 
 def _storages(tensors: Any) -> dict[int, torch.UntypedStorage]:
@@ -134,7 +150,8 @@ class _Ledger:
         self.current -= size
         self.square.discard(key)
 
-    def retag(self, storage: torch.UntypedStorage, category: str, only_from: tuple[str, ...] = ("temporaries",)) -> bool:
+    def retag(self, storage: torch.UntypedStorage, category: str, only_from: tuple[str, ...] = ("temporaries",)
+              ) -> bool:
         entry = self.live.get(storage._cdata)
         if entry is None or entry[1] not in only_from:
             return False
@@ -297,15 +314,17 @@ def _fake_cpu(mode: Any, model: nn.Module, call: Any) -> tuple[nn.Module, Any]:
                     continue
                 if id(tensor) not in made:
                     twin = fake(tensor)
-                    made[id(tensor)] = nn.Parameter(twin, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else twin
+                    parameter = isinstance(tensor, nn.Parameter)
+                    made[id(tensor)] = nn.Parameter(twin, tensor.requires_grad) if parameter else twin
                 table = module._parameters if name in module._parameters else module._buffers
                 table[name] = made[id(tensor)]
         return model, remade(call, fake)[0]
 
 
-def estimate(twin: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], *, mode: str, optimizer: Any,
-             roles: Mapping[str, str], layers: tuple[str, ...], foreach: bool | None = True) -> Memory:
-    """The peak of *twin* (a meta twin, made fake here) run once on *call*: see the module docstring.
+def estimate(twin: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step: Step, roles: Mapping[str, str],
+             layers: tuple[str, ...]) -> Memory:
+    """The peak of *twin* (a meta twin, made fake here) run once on *call*: see the module docstring. *roles* and
+    *layers* (the module names of the repeated layers) are the count's.
 
     Raises:
         ProfileError: the model cannot run on fake tensors (a custom op without a fake kernel), or a training
@@ -315,9 +334,9 @@ def estimate(twin: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], *, m
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     try:
-        model, (args, kwargs) = _fake_cpu(fake_mode, twin, call)
+        model, fake_call = _fake_cpu(fake_mode, twin, call)
         with fake_mode:
-            return _step(model, args, kwargs, mode, optimizer, roles, layers, foreach)
+            return _step(model, fake_call, step, _Run(_Ledger(), roles, layers))
     except ProfileError:
         raise
     except Exception as exc:  # noqa: BLE001 - the model's reason, reported whole
@@ -325,16 +344,12 @@ def estimate(twin: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], *, m
         raise ProfileError(NO_FAKE_KERNEL.format(model=type(twin).__name__, reason=reason)) from exc
 
 
-def _step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, optimizer: Any,
-          roles: Mapping[str, str], layers: tuple[str, ...], foreach: bool | None) -> Memory:
-    """One forward (no grad) or one training step under the ledger, on fake tensors already made."""
-    train = mode == "train"
+def _step(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step: Step, run: _Run) -> Memory:
+    """One forward (no grad) or one training step under *run*'s ledger, on fake tensors already made."""
+    args, kwargs = call
+    train, ledger = step.train, run.ledger
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(optimizer, params, foreach) if train else None
-    if opt is not None:
-        _prime(opt, params)
-    ledger = _Ledger()
-    run = _Run(ledger, roles, layers)
+    opt = make_optimizer(step, params)
     kept = {"parameters": list(model.parameters()), "buffers": list(model.buffers()), "inputs": (args, kwargs),
             "optimizer_state": _state_tensors(opt), "kv_cache": list(remade((args, kwargs), lambda t: t)[1].values())}
     for category, tensors in kept.items():
@@ -345,10 +360,11 @@ def _step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode:
     # torch-function mode, turns nn.MultiheadAttention's fast path off, which a real eval forward takes
     handles = run.scoped(model) if train else []
     def gradient(p: nn.Parameter) -> None:
+        assert p.grad is not None  # the hook runs once the gradient is accumulated
         ledger.retag(p.grad.untyped_storage(), "gradients", ("temporaries", "saved_activations"))
 
     handles += [p.register_post_accumulate_grad_hook(gradient) for p in params] if train else []
-    live = _Live(ledger, run.scopes, roles, state)
+    live = _Live(ledger, run.scopes, run.roles, state)
     try:
         with live, run.saving if train else contextlib.nullcontext(), torch.set_grad_enabled(train), \
                 torch.autograd.graph.saved_tensors_hooks(run.pack, lambda t: t):
@@ -369,12 +385,12 @@ def _step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode:
     finally:
         for handle in handles:
             handle.remove()
-    return Memory(mode=mode, peak=ledger.peak, phase=ledger.peak_phase, at_peak=ledger.at_peak, saved=saved,
+    return Memory(mode=step.mode, peak=ledger.peak, phase=ledger.peak_phase, at_peak=ledger.at_peak, saved=saved,
                   attention_matrices=matrices, saved_in_layers=in_layers,
-                  optimizer=None if not train else _optimizer_name(optimizer),
+                  optimizer=None if not train else _optimizer_name(step.optimizer),
                   mask_bytes=math.prod(ledger.mask) if ledger.mask else 0,
                   warnings=() if not ledger.opaque else (OPAQUE_WARNING.format(ops=", ".join(sorted(ledger.opaque))),),
-                  assumptions={**_assumptions(model, args, kwargs, optimizer if train else None, foreach),
+                  assumptions={**_assumptions(model, step),
                                **({} if ledger.mask is None else {"mask": f"bool {list(ledger.mask)}"})})
 
 
@@ -402,7 +418,7 @@ def _optimizer_name(optimizer: Any) -> str | None:
     return getattr(optimizer, "__name__", type(optimizer).__name__)
 
 
-def _assumptions(model: nn.Module, args: Any, kwargs: Any, optimizer: Any, foreach: bool | None) -> dict[str, str]:
+def _assumptions(model: nn.Module, step: Step) -> dict[str, str]:
     """What the estimate took as given: kernels, dtype, masks, the attention path, the optimizer's kernel."""
     floats = [p.dtype for p in model.parameters() if p.is_floating_point()]
     dropout = any(isinstance(m, nn.Dropout) and m.p > 0 and m.training for m in model.modules())
@@ -410,8 +426,9 @@ def _assumptions(model: nn.Module, args: Any, kwargs: Any, optimizer: Any, forea
     found = {"kernels": "cpu", "dtype": str(floats[0] if floats else torch.float32).removeprefix("torch."),
              "dropout": "active, float masks (4 bytes an element on CPU; CUDA keeps bool, 1 byte)" if dropout
              else "off", "attention": str(implementation or "the model's own")}
-    if optimizer is not None:
-        found["optimizer_kernel"] = "foreach" if foreach else "single-tensor" if foreach is False else "torch default"
+    if step.train and step.optimizer is not None:
+        kernel = "foreach" if step.foreach else "single-tensor" if step.foreach is False else "torch default"
+        found["optimizer_kernel"] = kernel
     return found
 
 
@@ -483,17 +500,13 @@ def _profiled_peak(run: Callable[[], None], start: int) -> int:
     return start + peak
 
 
-def real_step(model: nn.Module, call: Any, mode: str, optimizer: Any, foreach: bool | None,
-              device: torch.device) -> tuple[int, str]:
-    """The peak of the real step (see :func:`measure_memory`), and how it was read."""
+def real_step(model: nn.Module, call: Any, step: Step, device: torch.device) -> tuple[int, str]:
+    """The peak of the real *step* (see :func:`measure_memory`), and how it was read."""
     args, kwargs = call
-    train = mode == "train"
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(optimizer, params, foreach) if train else None
-    if opt is not None:
-        _prime(opt, params)
+    train = step.train
+    opt = make_optimizer(step, [p for p in model.parameters() if p.requires_grad])
 
-    def step() -> None:
+    def run() -> None:
         with torch.set_grad_enabled(train):
             output = model(*args, **kwargs)
             if train:
@@ -507,22 +520,22 @@ def real_step(model: nn.Module, call: Any, mode: str, optimizer: Any, foreach: b
     gc.collect()
     if device.type == "cuda":
         with _cuda_peak(device) as found:
-            step()
+            run()
         return found[0], "torch.cuda.max_memory_allocated"
     held = list(remade(call, lambda t: t)[1].values())  # the inputs, a cache's tensors too
     start = sum(s.nbytes() for s in _storages([list(model.parameters()), list(model.buffers()), held,
                                                _state_tensors(opt)]).values())
-    return _profiled_peak(step, start), "torch.profiler memory records"
+    return _profiled_peak(run, start), "torch.profiler memory records"
 
 
-def measure_memory(model: nn.Module, guess: Memory, call: Any, given: Any, *, mode: str, optimizer: Any,
-                   foreach: bool | None, device: Any) -> Measured:
-    """The real step's peak beside *guess*, its estimate, on a copy of *model* (the user's is left as it was)."""
+def measure_memory(model: nn.Module, guess: Memory, built: Built, step: Step, device: Any) -> Measured:
+    """The real *step*'s peak beside *guess*, its estimate, on a copy of *model* (the user's is left as it was), run
+    on *built*'s inputs (the user's, copied, or default ones)."""
     where = torch.device(device)
     real = copy.deepcopy(model).to(where)
-    inputs = _real_inputs(call, given, where)
+    inputs = _real_inputs(built.call(), built.given, where)
     with torch.random.fork_rng(devices=[]):
-        peak, source = real_step(real, inputs, mode, optimizer, foreach, where)
+        peak, source = real_step(real, inputs, step, where)
     return Measured(peak, guess, str(where), source)
 
 
@@ -541,10 +554,12 @@ FAKE_MASK_NOTE = ("transformers built a {shape} bool mask ({size:,} B) on fake t
                   "{size:,} B below the estimate; pass no attention_mask to estimate that run")
 
 
-def _formula(spec: Any, n: int, batch: int, found: Memory, layers: int, largest: int) -> tuple[dict[str, Any] | None, str | None]:
-    """The per-layer formula's figures for the layers of this step, or why there is none."""
+def _formula(profiled: Any, found: Memory, largest: int) -> tuple[dict[str, Any] | None, str | None]:
+    """The per-layer formula's figures for the layers of the step *found* of the Profile *profiled* (its spec, n,
+    batch and layers), or why there is none; *largest*: the bytes of the largest parameter."""
     from . import footprint
 
+    spec, n, batch = profiled.spec, profiled.n, profiled.batch
     if found.mode != "train":
         return None, None
     if spec is None:
@@ -556,12 +571,14 @@ def _formula(spec: Any, n: int, batch: int, found: Memory, layers: int, largest:
     fused = found.attention_matrices == 0 and not dropout
     kind = "fused attention" if fused else ("eager, dropout" if dropout else "eager, no dropout")
     per_layer = footprint.activation_bytes(spec, n, batch, p=p, mask=p, dropout=dropout, fused=fused)
-    matrices = footprint.attention_matrix_bytes(spec, n, batch, p=p, mask=p, dropout=dropout, fused=fused)
+    # a fused kernel keeps no n×n tensor; the eager path 2p + m bytes a pair with dropout (m = p here), p without
+    matrices = 0 if fused else footprint.attention_matrix_bytes(spec, n, batch, 3 * p if dropout else p)
     kernel = {True: "foreach", False: "single-tensor"}.get(found.assumptions.get("optimizer_kernel") == "foreach")
     state = footprint.model_state_bytes(found.at_peak.get("parameters", 0), found.optimizer, kernel, largest) if (
         found.optimizer in (*footprint.OPTIMIZERS, None)) else None
-    return {"activations": layers * per_layer, **({} if state is None else {"model_state": state}), "per_layer": per_layer, "attention_matrices": layers * matrices,
-            "kind": kind, "p": p, "mask": p,
+    layers = profiled.layers
+    return {"activations": layers * per_layer, **({} if state is None else {"model_state": state}),
+            "per_layer": per_layer, "attention_matrices": layers * matrices, "kind": kind, "p": p, "mask": p,
             "crossover_n": float(footprint.memory_crossover_n(spec, p=p, mask=p, dropout=dropout))}, None
 
 
@@ -576,8 +593,7 @@ def of_profile(target: nn.Module, call: Any, profiled: Any, *, optimizer: Any, f
     twin = meta_twin(target)
     families.prepare_twin(twin)
     layers = tuple(name for name, row in profiled.modules.items() if row[2] == "layer")
-    found = estimate(twin, call, mode=profiled.mode, optimizer=optimizer, roles=profiled.roles, layers=layers,
-                     foreach=foreach)
+    found = estimate(twin, call, Step(profiled.mode, optimizer, foreach), profiled.roles, layers)
     notes, warnings = [NOT_MODELLED], list(found.warnings)
     if found.mode != "train":
         notes.append(FORWARD_NOTE)
@@ -585,8 +601,9 @@ def of_profile(target: nn.Module, call: Any, profiled: Any, *, optimizer: Any, f
         notes.append(FUSED_NOTE.format(path=found.assumptions.get("attention", "fused")))
     largest = max((p.numel() * p.element_size() for p in twin.parameters()), default=0)
     if found.mask_bytes and found.assumptions.get("attention") == "sdpa" and "attention_mask" in call[1]:
-        notes.append(FAKE_MASK_NOTE.format(shape=found.assumptions["mask"].removeprefix("bool "), size=found.mask_bytes))
-    formula, why = _formula(profiled.spec, profiled.n, profiled.batch, found, profiled.layers, largest)
+        shape = found.assumptions["mask"].removeprefix("bool ")
+        notes.append(FAKE_MASK_NOTE.format(shape=shape, size=found.mask_bytes))
+    formula, why = _formula(profiled, found, largest)
     if why is not None:
         notes.append(NO_FORMULA.format(why=why))
     found = dataclasses.replace(found, formula=formula, notes=tuple(notes))

@@ -3,8 +3,9 @@
 :mod:`pytest_attncost.roles` finds the structure (layers, attention calls, projections, FFNs) from the data
 flow; here the records are summed by part: by that structure, or by the user's ``roles=`` (module-name
 globs, ``re:`` expressions or ``class:`` names), with ``causal="half"`` keeping a causal core's n(n+1)/2
-query-key pairs (``causal="kept"``: the pairs its layer's window or chunks keep), the lengths each attention call saw, a mixture's router, and attention outside the
-layers kept apart. The structure's own warnings over the split are here too.
+query-key pairs (``causal="kept"``: the pairs its layer's window or chunks keep), the lengths each attention
+call saw, a mixture's router, and attention outside the layers kept apart. The structure's own warnings over
+the split are here too.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ from .formulas import ModelSpec, kept_pairs
 from .ops import SDPA_OPS, OpRecord, ancestors, is_fused, is_product, parent, within
 from .roles import ROLE_NAMES, Structure, product_part, role_of
 
-__all__ = ["PARTS", "Split", "explicit_roles", "outside_note", "split", "split_notes", "structure_warnings"]
-
-PARTS = ("attention_core", "attention_proj", "ffn", "other")
+__all__ = ["Causal", "Split", "explicit_roles", "outside_note", "split", "split_notes", "structure_warnings"]
 
 
-UNKNOWN_MASK_WARNING = ("{module}: causal='{causal}' asked for, but the mask of {macs:,} core MAC has a form the plugin "
-                        "cannot tell; counted in full")
+UNKNOWN_MASK_WARNING = ("{module}: causal='{causal}' asked for, but the mask of {macs:,} core MAC has a form the "
+                        "plugin cannot tell; counted in full")
 
 
 OUTSIDE_NOTE = ("attention outside the repeated layers, counted as attention and left out of the formula's layers: "
@@ -84,27 +83,33 @@ class Split:
     moved: dict[str, tuple[int, int]] = field(default_factory=dict)  # part -> (weight, activation) elements
 
 
-def split(
-    records: Sequence[OpRecord],
-    roles: Mapping[str, str],
-    causal_modules: frozenset[str] | None = None,
-    structure: Structure | None = None,
-    bidirectional: frozenset[str] = frozenset(),
-    local: Mapping[str, tuple[str, int]] | None = None,
-) -> Split:
-    """Sum the records by part: the *structure*'s (data flow), or by the user's *roles* (module -> role).
+@dataclass(frozen=True)
+class Causal:
+    """How :func:`split` counts causal cores (``causal="half"`` or ``"kept"``).
 
-    With *causal_modules* (``causal="half"``), the cores of causal self-attention count the half triangle:
-    those of these modules, and those whose record says they ran under a causal mask. Cores of
-    *bidirectional* modules (``is_causal=False``: an encoder's padding mask or position bias) stay in full
-    without a word. With *local* as well (``causal="kept"``: module -> ``("window", W)`` or ``("chunk", c)``),
-    the cores in those modules count the pairs their window or chunks keep.
+    Attributes:
+        modules: the modules that declare themselves causal (``is_causal=True``): their cores, and those whose
+            record says they ran under a causal mask, count the half triangle.
+        bidirectional: the modules that declare ``is_causal=False`` (an encoder's padding mask or position bias):
+            their cores stay in full without a word.
+        local: ``causal="kept"``: module -> ``("window", W)`` or ``("chunk", c)``; the cores in those modules count
+            the pairs their window or chunks keep (None: ``causal="half"``).
     """
+
+    modules: frozenset[str]
+    bidirectional: frozenset[str] = frozenset()
+    local: Mapping[str, tuple[str, int]] | None = None
+
+
+def split(records: Sequence[OpRecord], roles: Mapping[str, str], structure: Structure | None = None,
+          causal: Causal | None = None) -> Split:
+    """Sum the records by part: the *structure*'s (data flow), or by the user's *roles* (module -> role); the
+    cores counted in full, or as *causal* says."""
     if structure is not None:
         parts, groups = list(structure.parts), list(structure.groups)
     else:
         parts, groups = _explicit_parts(records, roles)
-    result = Split(causal="full" if causal_modules is None else "half" if local is None else "kept")
+    result = Split(causal="full" if causal is None else "half" if causal.local is None else "kept")
     experts = structure.experts if structure is not None else {}
     routers = {r.scope for i, r in enumerate(records) if experts and parts[i] == "ffn" and _router(r, experts)}
     layer_at: dict[str, str | None] = {}  # per scope: records share scopes, layers are per module
@@ -120,8 +125,8 @@ def split(
         if index in columns and structure is not None:  # split by its columns: the first share placed below
             (part, macs), *rest = _shares(record.macs, columns[index])
             _add_shares(result, structure, record, rest)
-        if part == "attention_core" and causal_modules is not None:
-            macs = _counted_core(record, causal_modules, bidirectional, local or {}, result)
+        if part == "attention_core" and causal is not None:
+            macs = _counted_core(record, causal, result)
         setattr(result, part, getattr(result, part) + macs)
         _move(result, part, record, macs if index in columns else record.macs)
         if part == "ffn" and record.scope in routers:
@@ -183,13 +188,13 @@ def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
             else "other"
         parts.append("other" if part == "unplaced" else part)
     cores = [i for i, part in enumerate(parts) if part == "attention_core" and records[i].backward_of is None]
-    chained = {i: group for group in Flow(records).groups for i in group if all(parts[j] == "attention_core" for j in group)}
+    chained = {i: group for group in Flow(records).groups for i in group
+               if all(parts[j] == "attention_core" for j in group)}
     groups: dict[tuple[int, ...], None] = {tuple(chained.get(i, [i])): None for i in cores}
     return parts, [(_root(records[g[0]].scope, roles), g) for g in groups]
 
 
-def _counted_core(record: OpRecord, causal_modules: frozenset[str], bidirectional: frozenset[str],
-                  local: Mapping[str, tuple[str, int]], result: Split) -> int:
+def _counted_core(record: OpRecord, causal: Causal, result: Split) -> int:
     """A core's MACs under ``causal="half"`` or ``"kept"``: the pairs kept where it is causal self-attention (under
     ``"kept"``, a FlexAttention core's: those its mask_mod keeps, as evaluated while counting)."""
     if record.keeps is not None and result.causal == "kept":
@@ -197,12 +202,12 @@ def _counted_core(record: OpRecord, causal_modules: frozenset[str], bidirectiona
         macs = record.macs * kept // every
         result.halved |= macs != record.macs
         return macs
-    mask, scopes = record.mask, ancestors(record.scope)
-    if mask == "causal" or any(name in causal_modules for name in scopes):
+    mask, scopes, local = record.mask, ancestors(record.scope), causal.local or {}
+    if mask == "causal" or any(name in causal.modules for name in scopes):
         kept = _kept(record, next((local[name] for name in scopes if name in local), None))
         result.halved |= kept != record.macs
         return kept
-    if mask == "unknown" and not any(name in bidirectional for name in scopes):
+    if mask == "unknown" and not any(name in causal.bidirectional for name in scopes):
         result.unknown_masks[record.scope] = result.unknown_masks.get(record.scope, 0) + record.macs
     return record.macs
 
@@ -222,7 +227,8 @@ def _kept(record: OpRecord, local: tuple[str, int] | None) -> int:
         return record.macs
     kind, tokens = local or ("window", None)
     # every product over the n x n pairs is MACs = B * n * n * k; keep B * k * pairs
-    return record.macs // (n * n) * kept_pairs(n, tokens if kind == "window" else None, tokens if kind == "chunk" else None)
+    window, chunk = (tokens, None) if kind == "window" else (None, tokens)
+    return record.macs // (n * n) * kept_pairs(n, window, chunk)
 
 
 def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
@@ -236,7 +242,8 @@ def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
     if len(last.out_shape) < 2:
         return None
     queries, leading = last.out_shape[-2], math.prod(last.out_shape[:-2])
-    if not is_fused(first.op) and len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,):
+    chained = len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,)
+    if chained and not is_fused(first.op):
         # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd")
         queries, leading = first.out_shape[-2], math.prod(first.out_shape[:-2])
     if first.op in SDPA_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
@@ -263,7 +270,8 @@ def structure_warnings(parts: Split, structure: Structure | None, records: Seque
                        name: str) -> list[str]:
     """What makes a split doubtful, each naming the module, the MACs and the cause."""
     found = [UNPLACED_WARNING.format(module=module, macs=macs) for module, macs in parts.unplaced.items()]
-    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs, causal=parts.causal) for module, macs in parts.unknown_masks.items()]
+    found += [UNKNOWN_MASK_WARNING.format(module=module, macs=macs, causal=parts.causal)
+              for module, macs in parts.unknown_masks.items()]
     if structure is not None:
         found += structure.warnings
         without = [layer for layer in structure.layers if not parts.layer_ffn.get(layer)]

@@ -19,6 +19,7 @@ from typing import Any
 from . import files, formulas
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
+from .request import PARTS
 from .units import format_count
 
 __all__ = ["MISSING_MATPLOTLIB", "plot_decode", "plot_sweep", "plot_time_shares", "require_matplotlib", "shares_plot",
@@ -144,8 +145,7 @@ def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = 
     with matplotlib.rc_context(_RC):
         figure = Figure(figsize=(7, 4.2))
         ax = figure.add_subplot()
-        parts = ("attention_core", "attention_proj", "ffn", "other")
-        ax.stackplot(ns, *[[r[p] * scale for r in rows] for p in parts], labels=parts)
+        ax.stackplot(ns, *[[r[p] * scale for r in rows] for p in PARTS], labels=PARTS)
         ax.set_xscale("log", base=2)
         ax.set_yscale("linear")
         ax.set_xlabel("sequence length n (tokens)")

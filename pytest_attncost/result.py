@@ -367,7 +367,7 @@ class Profile:
 
 
 #: What :meth:`Profile.to_dict` writes as it is (fields and properties of plain values).
-_PLAIN = ("name", "n", "batch", "m", "layers", "total", "attention", "attention_core", "attention_proj", "ffn", "other",
+_PLAIN = ("name", "n", "batch", "m", "layers", "total", "attention", *PARTS,
           "attention_share", "quadratic_share", "deviation", "linear_attention_saving", "crossover_n", "quadratic_n",
           "backend", "mode", "causal", "causal_applied", "fallback", "ffn_router")
 
@@ -653,12 +653,11 @@ class Timing:
         )
 
     @classmethod
-    def from_samples(
-        cls, samples: Mapping[str, Sequence[float]], *, name: str = "model", n: int = 1, batch: int = 1,
-        macs: Mapping[str, int] | None = None, device: str = "cpu", **extra: Any,
-    ) -> Timing:
+    def from_samples(cls, samples: Mapping[str, Sequence[float]], **fields: Any) -> Timing:
         """A Timing from given per-repeat seconds of the four parts (and optionally ``traced``,
-        ``forward``): for tests and injected clocks. Missing totals are the parts' sum."""
+        ``forward``): for tests and injected clocks. Missing totals are the parts' sum. *fields* are the
+        other attributes, by default ``name="model"``, ``n=1``, ``batch=1``, ``device="cpu"``, ``device_name``
+        the device, ``dtype="float32"``, ``clock="wall"``, ``warmup=0``."""
         parts = {p: tuple(float(v) for v in samples.get(p, ())) for p in PARTS}
         repeats = max((len(v) for v in parts.values()), default=0)
         parts = {p: v or (0.0,) * repeats for p, v in parts.items()}
@@ -669,9 +668,10 @@ class Timing:
         forward = tuple(float(v) for v in samples.get("forward", traced))
         full = {**parts, "attributed": attributed, "traced": traced, "forward": forward,
                 "unattributed": tuple(t - a for t, a in zip(traced, attributed))}
-        return cls(name=name, n=n, batch=batch, device=device, device_name=extra.pop("device_name", device),
-                   dtype=extra.pop("dtype", "float32"), clock=extra.pop("clock", "wall"), warmup=extra.pop("warmup", 0),
-                   repeats=repeats, samples=full, macs=dict(macs or {}), **extra)
+        fields = {"name": "model", "n": 1, "batch": 1, "device": "cpu", "dtype": "float32", "clock": "wall",
+                  "warmup": 0, **fields, "macs": dict(fields.get("macs") or {})}
+        fields.setdefault("device_name", fields["device"])
+        return cls(repeats=repeats, samples=full, **fields)
 
 
 def _share_of(top: Callable[[Timing, int], float]) -> Callable[[Timing, int], float]:

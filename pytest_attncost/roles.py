@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .flow import Flow, rows, table, width_of
 from .ops import OpRecord, ancestors, is_fused, is_product, parent, within
+from .request import COMPONENTS
 
 __all__ = ["ROLE_NAMES", "Flow", "Structure", "core_scopes", "find_structure", "product_part", "role_of"]
 
@@ -361,14 +362,19 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
         members=structure.members, outside=tuple(outside), experts=structure.experts, bare=structure.bare,
         groups=tuple(groups))
     outs = {i for p, (module, _) in zip(projections, groups) if module in outside for i in p.out}
-    parts, columns = _parts(flow, structure, projections, inside, outs, [frozenset(output) for output in outputs])
-    return dataclasses.replace(structure, parts=parts, columns=columns, warnings=tuple(_flow_warnings(flow, projections, parts, groups)))
+    placed = {i for p in projections for i in p.all}
+    free = [i for i in flow.params(flow.products) if i not in inside and i not in placed]
+    block_ffn = _outside_ffn(flow, free, outs, [frozenset(output) for output in outputs])
+    parts, columns = _parts(flow, structure, projections, inside, block_ffn)
+    warnings = tuple(_flow_warnings(flow, projections, parts, groups))
+    return dataclasses.replace(structure, parts=parts, columns=columns, warnings=warnings)
 
 
-def _parts(flow: Flow, structure: Structure, projections: list[Projections], inside: set[int], outs: set[int],
-           outputs: list[frozenset[int]]) -> tuple[tuple[str, ...], dict[int, tuple[tuple[str, int], ...]]]:
+def _parts(flow: Flow, structure: Structure, projections: list[Projections], inside: set[int], block_ffn: set[int]
+           ) -> tuple[tuple[str, ...], dict[int, tuple[tuple[str, int], ...]]]:
     """Each record's part (see :attr:`Structure.parts`), and the records split by their columns
-    (:attr:`Structure.columns`)."""
+    (:attr:`Structure.columns`); *inside*: the products in the layers, *block_ffn*: those of FFNs of attention
+    blocks outside them."""
     records = flow.records
     parts = ["other"] * len(records)
     tokens: dict[str | None, int] = {}  # layer -> the fewest rows its attention's queries have
@@ -379,10 +385,7 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
             parts[i] = "attention_proj"
         layer, count = structure.layer_of(module), query_rows(flow, group, mine.entry)
         tokens[layer] = min(tokens.get(layer, count), count)
-    placed = {i for p in projections for i in p.all}
     bare = frozenset(structure.bare)
-    block_ffn = _outside_ffn(flow, [i for i in flow.params(flow.products) if i not in inside and i not in placed], outs,
-                             outputs)
     for i in flow.products:
         record = records[i]
         if parts[i] != "other" or not bare.isdisjoint(ancestors(record.scope)):
@@ -431,7 +434,7 @@ def _adapted(flow: Flow, i: int) -> int | None:
 
 def _plain(part: str) -> str:
     """A part as the split sums it (conditioning and unplaced products are counted as other)."""
-    return part if part in ("attention_core", "attention_proj", "ffn") else "other"
+    return part if part in COMPONENTS else "other"
 
 
 def _wrapper_part(flow: Flow, i: int, parts: Sequence[str], structure: Structure) -> str | None:

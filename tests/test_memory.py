@@ -41,7 +41,7 @@ def test_per_layer_activation_bytes_by_hand():
     assert activation_bytes(BERT_BASE, 512, 1, p=2, mask=1) == 512 * 768 * 34 + 5 * 12 * 512 * 512
     assert activation_bytes(BERT_BASE, 512, 1, dropout=False) == 16 * 512 * 768 * 4 + 12 * 512 * 512 * 4
     assert activation_bytes(BERT_BASE, 512, 1, dropout=False, fused=True) == 16 * 512 * 768 * 4 + 12 * 512 * 4
-    assert attention_matrix_bytes(BERT_BASE, 512, 1, dropout=False, fused=True) == 0
+    assert attention_matrix_bytes(BERT_BASE, 512, 1, 2 * 2 + 1) == 12 * 512 * 512 * 5  # scores, probs, mask
 
 
 def test_memory_crossover_is_far_below_the_mac_crossover():
