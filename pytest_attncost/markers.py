@@ -19,13 +19,16 @@ from .conventions import Formula
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import MEMORY_BOUNDS, MEMORY_SHARE_BOUNDS, MEMORY_SIZE_BOUNDS, memory_problems
 from .formulas import relative_deviation
-from .result import MODES, Profile, Timing
+from .request import COMPONENTS, MODES, PARTS
+from .result import Profile, Timing
 from .series import Sweep, SweepError
-from .units import UnitError, format_bytes, format_count, format_seconds, format_tokens, parse_bytes, parse_count
+from .units import format_bytes, format_count, format_seconds, format_tokens, parse_bytes, parse_count
 
-__all__ = ["Bounds", "MIN_REPEATS", "MarkerError", "TIME_BOUNDS", "check_bounds", "check_mfu", "check_sweep",
-           "check_time_bounds",
-           "parse_marker_kwargs", "parse_time_bound", "MARKER_HELP"]
+__all__ = ["GATED_PARTS", "MARKER_HELP", "MIN_REPEATS", "TIME_BOUNDS", "Bounds", "MarkerError", "check_bounds",
+           "check_mfu", "check_sweep", "check_time_bounds", "parse_marker_kwargs", "parse_time_bound"]
+
+#: The counts a baseline compares (and a per-part increase limit names): the total first.
+GATED_PARTS = ("total", *PARTS)
 
 MARKER_HELP = (
     "attncost(n=None, batch=1, **bounds): profile with the attncost fixture at length n "
@@ -107,9 +110,10 @@ class Bounds:
 
     @property
     def has_sweep_bounds(self) -> bool:
-        return any(v is not None for v in (self.crossover_min, self.crossover_max, self.crossover_rtol))
+        return any(getattr(self, name) is not None for name in _CROSSOVERS)
 
 
+_CROSSOVERS = ("crossover_min", "crossover_max", "crossover_rtol")
 _SHARES = ("attention_share_max", "attention_share_min", "quadratic_share_max", "linear_saving_max")
 _COUNTS = ("total_max", "attention_max", "ffn_max", "executed_max")
 KEYWORDS = frozenset({"n"} | {f.name for f in dataclasses.fields(Bounds)} - {"lengths"})
@@ -145,11 +149,12 @@ def _share(name: str, value: object) -> float:
 
 
 def _read(parse: Callable[[object], Any]) -> Callable[[str, object], Any]:
-    """A keyword's parser from a units parser: its UnitError becomes the keyword's MarkerError."""
+    """A keyword's parser from a parser of values (units, increases, peaks): its ValueError becomes the keyword's
+    MarkerError."""
     def parser(name: str, value: object) -> Any:
         try:
             return parse(value)
-        except UnitError as exc:
+        except ValueError as exc:  # a UnitError too
             raise MarkerError(f"{name}: {exc}") from None
 
     return parser
@@ -186,14 +191,12 @@ def parse_time_bound(name: str, value: object) -> float:
     """Validate one marker keyword of :data:`TIME_BOUNDS`; raises MarkerError naming it."""
     if name not in TIME_BOUNDS:
         raise MarkerError(f"unknown time bound {name!r}; valid: {', '.join(TIME_BOUNDS)}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise MarkerError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
+    return _share(name, value)
 
 
 _INCREASE_FORM = "expected a percentage >= 0 such as 2.5, or per part such as ffn:5%,total:0%"
 #: What a per-part increase limit may name (``*``: every part not named).
-INCREASE_PARTS = ("total", "attention_core", "attention_proj", "ffn", "other", "*")
+INCREASE_PARTS = (*GATED_PARTS, "*")
 
 
 def parse_increase(value: object) -> float | dict[str, float]:
@@ -217,10 +220,7 @@ def parse_increase(value: object) -> float | dict[str, float]:
         if unknown or not value:
             raise ValueError(f"per-part increase limits name {', '.join(map(repr, unknown)) or 'no part'}; the "
                              f"parts are {', '.join(INCREASE_PARTS)}")
-        limits = {}
-        for part, percent in value.items():
-            limits[part] = parse_increase(percent)
-        return limits  # type: ignore[return-value]
+        return {part: parse_increase(percent) for part, percent in value.items()}  # type: ignore[misc]
     if not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type,operator]
         raise ValueError(f"{_INCREASE_FORM}, got {value!r}")
     return float(value)  # type: ignore[arg-type]
@@ -229,13 +229,6 @@ def parse_increase(value: object) -> float | dict[str, float]:
 def increase_for(allowed: float | Mapping[str, float], part: str) -> float:
     """The increase *allowed* lets *part* grow by, in percent."""
     return float(allowed.get(part, allowed.get("*", 0.0)) if isinstance(allowed, Mapping) else allowed)
-
-
-def _increase(name: str, value: object) -> float | dict[str, float]:
-    try:
-        return parse_increase(value)
-    except ValueError as exc:
-        raise MarkerError(f"{name}: {exc}") from None
 
 
 def _tokens(name: str, value: object) -> float:
@@ -260,13 +253,6 @@ def _formula(name: str, value: object) -> Formula:
     return Formula(value)
 
 
-def _peak(name: str, value: object) -> str | float:
-    try:
-        return devices.check_peak(value)
-    except ValueError as exc:
-        raise MarkerError(f"{name}: {exc}") from None
-
-
 def _mode(name: str, value: object) -> str:
     if value not in MODES:
         raise MarkerError(f"{name} must be one of {', '.join(map(repr, MODES))}, got {value!r}")
@@ -275,10 +261,11 @@ def _mode(name: str, value: object) -> str:
 
 #: How each keyword is read (in the order problems are reported).
 _PARSERS: Mapping[str, Callable[[str, object], Any]] = {
-    "batch": _length, "m": _length, **dict.fromkeys(_SHARES, _share), **dict.fromkeys(_COUNTS, _read(parse_count)), "formula_rtol": _rtol,
-    "max_increase": _increase, "crossover_min": _tokens, "crossover_max": _tokens, "crosscheck": _flag,
-    "crossover_rtol": _rtol, "mode": _mode, "new_tokens": _length, "kv_cache_max": _read(parse_bytes),
-    **dict.fromkeys(TIME_BOUNDS, parse_time_bound), "audit": _formula, "mfu_min": _share, "peak": _peak,
+    "batch": _length, "m": _length, **dict.fromkeys(_SHARES, _share), **dict.fromkeys(_COUNTS, _read(parse_count)),
+    "formula_rtol": _rtol, "max_increase": _read(parse_increase), "crossover_min": _tokens, "crossover_max": _tokens,
+    "crosscheck": _flag, "crossover_rtol": _rtol, "mode": _mode, "new_tokens": _length,
+    "kv_cache_max": _read(parse_bytes), **dict.fromkeys(TIME_BOUNDS, _share), "audit": _formula, "mfu_min": _share,
+    "peak": _read(devices.check_peak),
     **dict.fromkeys(MEMORY_SIZE_BOUNDS, _read(parse_bytes)), **dict.fromkeys(MEMORY_SHARE_BOUNDS, _share),
 }
 
@@ -304,8 +291,9 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
     if (bounds.mfu_min is None) != (bounds.peak is None):
         raise MarkerError("mfu_min and peak go together: mfu_min=0.35 with peak='h100-sxm-bf16' (a device of "
                           f"{', '.join(devices.DEVICES)} or 'cpu' with its dtype), or peak= a number of FLOP/s")
-    if bounds.crossover_min is not None and bounds.crossover_max is not None and bounds.crossover_min > bounds.crossover_max:
-        raise MarkerError(f"crossover_min {bounds.crossover_min:g} > crossover_max {bounds.crossover_max:g}: no sweep can pass")
+    low, high = bounds.crossover_min, bounds.crossover_max
+    if low is not None and high is not None and low > high:
+        raise MarkerError(f"crossover_min {low:g} > crossover_max {high:g}: no sweep can pass")
     low, high = bounds.attention_share_min, bounds.attention_share_max
     if low is not None and high is not None and low > high:
         raise MarkerError(f"attention_share_min {low} > attention_share_max {high}: no share can pass")
@@ -337,14 +325,10 @@ def threshold_notes(profile: Profile) -> tuple[str, str]:
     if spec is None:
         return ("no spec, so no threshold", "no spec, so no threshold")
     hd = spec.heads * spec.head_dim
-    if crossover is None:
-        first = "attention costs more than the FFN at every n"
-    else:
-        first = f"attention overtakes FFN at n={_fraction_text(crossover)}" + (" = 2hd" if crossover == 2 * hd else "")
-    if quadratic is None:
-        second = "no quadratic crossover"
-    else:
-        second = f"quadratic term dominates at n={_fraction_text(quadratic)}" + (" = 6hd" if quadratic == 6 * hd else "")
+    first = ("attention costs more than the FFN at every n" if crossover is None else
+             f"attention overtakes FFN at n={_fraction_text(crossover)}" + (" = 2hd" if crossover == 2 * hd else ""))
+    second = ("no quadratic crossover" if quadratic is None else
+              f"quadratic term dominates at n={_fraction_text(quadratic)}" + (" = 6hd" if quadratic == 6 * hd else ""))
     return first, second
 
 
@@ -413,34 +397,34 @@ def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> 
     return problems
 
 
+_NEEDS_SHAPE = "needs the model's shape: pass spec=ModelSpec(...) to profile()"
+#: The bounds on what a profile may lack: the attribute each reads, and what it needs when that is missing.
+_NEEDS = {"linear_saving_max": ("linear_attention_saving", _NEEDS_SHAPE),
+          "kv_cache_max": ("kv_cache_bytes", "bounds a decode step's KV cache: profile with mode='decode'"),
+          "formula_rtol": ("formula", _NEEDS_SHAPE)}
+
+
 def _shape_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
     """The bounds that need the model's shape or mode: linear saving, KV cache, the formula's tolerance."""
     problems: list[str] = []
-    saving = profile.linear_attention_saving
-    if bounds.linear_saving_max is not None:
-        if saving is None:
-            problems.append(f"linear_saving_max needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
-        elif saving > bounds.linear_saving_max:
-            problems.append(f"linear_attention_saving {saving:.4f} > {bounds.linear_saving_max} {where} "
-                            f"(linear attention would save {saving:.2%} of attention+ffn; "
-                            f"{threshold_notes(profile)[0]})")
-    held = profile.kv_cache_bytes
-    if bounds.kv_cache_max is not None and held is None:
-        problems.append(f"kv_cache_max bounds a decode step's KV cache: profile with mode='decode' {where}")
-    elif bounds.kv_cache_max is not None and held is not None and held > bounds.kv_cache_max:
-        problems.append(f"kv_cache_bytes {format_bytes(held)} > kv_cache_max {format_bytes(bounds.kv_cache_max)} "
-                        f"{where} ({held:,} > {bounds.kv_cache_max:,} bytes; decode step of {profile.new_tokens} "
-                        f"against {profile.n:,} cached tokens)")
-    formula = profile.formula
-    if bounds.formula_rtol is not None and formula is None:
-        problems.append(f"formula_rtol needs the model's shape: pass spec=ModelSpec(...) to profile() {where}")
-    elif bounds.formula_rtol is not None and formula is not None:
-        for part in ("attention_core", "attention_proj", "ffn"):
-            got, want = profile.in_layers(part), getattr(formula, part)
-            dev = relative_deviation(got, want)
-            if dev > bounds.formula_rtol:
-                problems.append(f"{part} {got:,} MAC deviates {dev:.2%} from the formula's {want:,} "
-                                f"(formula_rtol {bounds.formula_rtol}) {where}")
+    for name, (attribute, need) in _NEEDS.items():
+        limit, value = getattr(bounds, name), getattr(profile, attribute)
+        if limit is None:
+            continue
+        if value is None:
+            problems.append(f"{name} {need} {where}")
+        elif name == "linear_saving_max" and value > limit:
+            problems.append(f"linear_attention_saving {value:.4f} > {limit} {where} (linear attention would save "
+                            f"{value:.2%} of attention+ffn; {threshold_notes(profile)[0]})")
+        elif name == "kv_cache_max" and value > limit:
+            problems.append(f"kv_cache_bytes {format_bytes(value)} > kv_cache_max {format_bytes(limit)} {where} "
+                            f"({value:,} > {limit:,} bytes; decode step of {profile.new_tokens} against "
+                            f"{profile.n:,} cached tokens)")
+        elif name == "formula_rtol":
+            deviations = [(part, profile.in_layers(part), getattr(value, part)) for part in COMPONENTS]
+            problems += [f"{part} {got:,} MAC deviates {relative_deviation(got, want):.2%} from the formula's "
+                         f"{want:,} (formula_rtol {limit}) {where}"
+                         for part, got, want in deviations if relative_deviation(got, want) > limit]
     return problems
 
 
@@ -464,20 +448,17 @@ def check_sweep(bounds: Bounds, sweep: Sweep) -> list[str]:
         exact = sweep.crossover()
     except SweepError as exc:
         return [f"sweep of {name}: {exc}"]
-    measured = None if exact is None else float(exact)
     expected = sweep.formula_crossover()
     formula = None if expected is None else float(expected)
     note = "no formula" if formula is None else f"formula {format_tokens(formula)}"
     where = f"(sweep of {name} over n={sweep.lengths}; {note})"
-    problems = []
-    if measured is None:
-        if bounds.crossover_min is not None or bounds.crossover_max is not None or bounds.crossover_rtol is not None:
-            problems.append(f"no crossover: attention never equals the FFN {where}")
-        return problems
-    if bounds.crossover_min is not None and measured < bounds.crossover_min:
-        problems.append(f"crossover n={format_tokens(measured)} < crossover_min {format_tokens(bounds.crossover_min)} {where}")
-    if bounds.crossover_max is not None and measured > bounds.crossover_max:
-        problems.append(f"crossover n={format_tokens(measured)} > crossover_max {format_tokens(bounds.crossover_max)} {where}")
+    if exact is None:
+        return [f"no crossover: attention never equals the FFN {where}"]
+    measured = float(exact)
+    problems = [f"crossover n={format_tokens(measured)} {op} {bound} {format_tokens(limit)} {where}"
+                for bound, op, limit in (("crossover_min", "<", bounds.crossover_min),
+                                         ("crossover_max", ">", bounds.crossover_max))
+                if limit is not None and (measured < limit if op == "<" else measured > limit)]
     if bounds.crossover_rtol is not None:
         if formula is None:
             problems.append(f"crossover_rtol needs the model's shape: pass spec=ModelSpec(...) {where}")
@@ -493,6 +474,11 @@ def _where(timing: Timing) -> str:
     return "this CPU" if timing.device == "cpu" else timing.device_name or timing.device
 
 
+def _too_few(bound: str, limit: float, timing: Timing) -> str:
+    return TOO_FEW_REPEATS.format(bound=bound, limit=limit, name=timing.name, n=timing.n, repeats=timing.repeats,
+                                  minimum=MIN_REPEATS)
+
+
 def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, float | None]) -> list[str]:
     """Every broken bound on measured shares, as messages (empty: all hold).
 
@@ -501,12 +487,10 @@ def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, f
     bound over a timing of fewer than :data:`MIN_REPEATS` repeats fails with a message
     asking for more, rather than passing on noise.
     """
-    if isinstance(timings, Timing):
-        timings = [timings]
+    timings = [timings] if isinstance(timings, Timing) else timings
     wanted = {k: v for k, v in bounds.items() if v is not None}
-    for key in wanted:
-        if key not in TIME_BOUNDS:
-            raise ValueError(f"unknown time bound {key!r}; valid: {', '.join(TIME_BOUNDS)}")
+    for key in [key for key in wanted if key not in TIME_BOUNDS]:
+        raise ValueError(f"unknown time bound {key!r}; valid: {', '.join(TIME_BOUNDS)}")
     if not wanted:
         return []
     if not timings:
@@ -515,8 +499,7 @@ def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, f
     for timing in timings:
         for bound, limit in wanted.items():
             if timing.repeats < MIN_REPEATS:
-                problems.append(TOO_FEW_REPEATS.format(bound=bound, limit=limit, name=timing.name, n=timing.n,
-                                                       repeats=timing.repeats, minimum=MIN_REPEATS))
+                problems.append(_too_few(bound, limit, timing))
                 continue
             stat, _, side = bound.rpartition("_")
             median, spread = timing.median(stat), timing.spread(stat)
@@ -536,8 +519,9 @@ MFU_MESSAGE = ("MFU {mfu:.3f} < mfu_min {limit:g} beyond the noise at n={n} on {
 
 def check_mfu(timings: Sequence[Timing] | Timing, mfu_min: float | None, peak: str | float | None) -> list[str]:
     """MFU (model FLOPs utilization: the counted FLOPs of a forward over its measured time, over the peak) below
-    *mfu_min* beyond the noise. A forward re-runs nothing, so its model FLOPs (what PaLM's MFU counts) and hardware
-    FLOPs agree (see :attr:`Profile.model_flops`): even at the median less the spread, the forward is slower than the bound allows."""
+    *mfu_min* beyond the noise: even at the median less the spread, the forward is slower than the bound allows. A
+    forward re-runs nothing, so its model FLOPs (what PaLM's MFU counts) and hardware FLOPs agree
+    (:attr:`Profile.model_flops`)."""
     if mfu_min is None or peak is None:
         return []
     timings = [timings] if isinstance(timings, Timing) else timings
@@ -547,8 +531,7 @@ def check_mfu(timings: Sequence[Timing] | Timing, mfu_min: float | None, peak: s
     problems = []
     for timing in timings:
         if timing.repeats < MIN_REPEATS:
-            problems.append(TOO_FEW_REPEATS.format(bound="mfu_min", limit=mfu_min, name=timing.name, n=timing.n,
-                                                   repeats=timing.repeats, minimum=MIN_REPEATS))
+            problems.append(_too_few("mfu_min", mfu_min, timing))
             continue
         flops = 2 * sum(timing.macs.values())
         seconds, spread = timing.forward, timing.spread("forward")
