@@ -338,8 +338,7 @@ def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             real = model()
-    return memory_mod.measure_memory(real, estimated, built.call(), built.given, mode=mode,
-                                     optimizer=optimizer if mode == "train" else None, foreach=True, device=where)
+    return memory_mod.measure_memory(real, estimated, built, memory_mod.Step(mode, optimizer), where)
 
 
 def measure_sweep(model: Any, ns: Sequence[int], **measure_kwargs: Any) -> TimingSweep:

@@ -126,6 +126,13 @@ class Setup:
     rows: dict[Any, dict[str, tuple[str, int, str]]] = dataclasses.field(default_factory=dict)
     spec_note: str | None = None  # why the model's config gives no spec (None: it has no config to say)
 
+    @property
+    def causal(self) -> parts_mod.Causal | None:
+        """How the split counts causal cores (None: in full)."""
+        if self.causal_modules is None:
+            return None
+        return parts_mod.Causal(self.causal_modules, self.bidirectional, self.local)
+
     @functools.cached_property
     def sizes(self) -> dict[str, tuple[str, int]]:
         """Every module's class and parameter count (tied parameters once)."""
@@ -246,7 +253,7 @@ def place(setup: Setup, raw: RawCount, found: roles_mod.Structure | None = None)
         # a hybrid stack: the formulas put attention in every one of the config's layers
         notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))
         spec = None
-    parts = parts_mod.split(raw.records, assigned, setup.causal_modules, structure, setup.bidirectional, setup.local)
+    parts = parts_mod.split(raw.records, assigned, structure, setup.causal)
     if request.causal != "full" and decoding:
         notes.append(DECODE_HALF_NOTE.format(causal=request.causal))
     notes += parts_mod.split_notes(parts, structure)
@@ -265,7 +272,7 @@ def _train_split(setup: Setup, raw: RawCount, assigned: Mapping[str, str], struc
 
     def split(chosen: list[Any], placed: tuple[str, ...]) -> parts_mod.Split:
         shaped = None if structure is None else dataclasses.replace(structure, parts=placed)
-        return parts_mod.split(chosen, assigned, setup.causal_modules, shaped, setup.bidirectional, setup.local)
+        return parts_mod.split(chosen, assigned, shaped, setup.causal)
 
     placed = structure.parts if structure is not None else ()
     alone = split(records[:forward], placed[:forward])
