@@ -27,7 +27,6 @@ from fractions import Fraction
 from typing import Any
 
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
-from .request import CAUSAL
 
 __all__ = [
     "Costs",
@@ -284,7 +283,7 @@ def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None
     """
     _check_length("n", n)
     _check_length("batch", batch)
-    if causal not in CAUSAL:
+    if causal not in ("full", "half", "kept"):  # request.CAUSAL: the request module imports this one
         raise ValueError(f"causal must be 'full', 'half' or 'kept', got {causal!r}")
     # scores: [b, h, n, d] @ [b, h, d, n]; output: [b, h, n, n] @ [b, h, n, d]
     pairs = n * n if causal == "full" else kept_pairs(n, window if causal == "kept" else None)
