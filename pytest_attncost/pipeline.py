@@ -278,7 +278,9 @@ def _train_split(setup: Setup, raw: RawCount, assigned: Mapping[str, str], struc
     alone = split(records[:forward], placed[:forward])
     recompute: dict[str, int] = {}
     if raw.recompute:
-        repeated = tuple(placed[r.backward_of] if r.backward_of >= 0 else "other" for r in raw.recompute)
+        repeated = tuple(
+            "other" if r.backward_of is None or r.backward_of < 0 else placed[r.backward_of] for r in raw.recompute
+        )
         both = split([*records, *raw.recompute], (*placed, *repeated) if structure is not None else ())
         recompute = {part: getattr(both, part) - getattr(parts, part) for part in PARTS
                      if getattr(both, part) != getattr(parts, part)}
