@@ -155,3 +155,91 @@ def test_sweep_is_the_function_after_every_submodule_is_imported() -> None:
     found = [getattr(pytest_attncost, name) for name in ("sweep", "measure", "profile")]
     assert all(callable(f) and not hasattr(f, "__path__") and f.__module__ == "pytest_attncost.api"
                for f in found), found
+
+
+#: Functions that may take more than five named parameters: the public signatures users call with keywords
+#: (profile, measure, measure_memory and the fixture's twins, the formulas) and torch's own signatures that the
+#: FlexAttention stand-ins mirror. A new wide function groups what travels together instead (request.Request).
+MAX_WIDE_FUNCTIONS = 12
+MAX_PARAMETERS = 5
+#: Each vocabulary and the module that owns it: written once there, imported everywhere else (CAUSAL lives with
+#: the formulas that count by it, as request.py imports formulas).
+VOCABULARIES = {"COMPONENTS": "request", "PARTS": "request", "BACKENDS": "request", "MODES": "request",
+                "CAUSAL": "formulas"}
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Its named parameters: positional and keyword-only, not self/cls, not ``*args`` or ``**kwargs``."""
+    args = node.args
+    return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg not in ("self", "cls")]
+
+
+def _wide_functions(paths: dict[str, Path]) -> list[str]:
+    return [f"{name}.{node.name} ({len(_parameters(node))}: {', '.join(_parameters(node))})"
+            for name, path in paths.items() for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(_parameters(node)) > MAX_PARAMETERS]
+
+
+def _vocabularies() -> dict[str, tuple[str, ...]]:
+    """The vocabularies, read from their owners' source: name -> its words, in order."""
+    found: dict[str, tuple[str, ...]] = {}
+    for owner in dict.fromkeys(VOCABULARIES.values()):
+        for node in ast.parse((PACKAGE / f"{owner}.py").read_text()).body:
+            name = getattr(node.targets[0], "id", "") if isinstance(node, ast.Assign) else ""
+            if VOCABULARIES.get(name) == owner:
+                found[name] = tuple(word for e in node.value.elts  # type: ignore[attr-defined]
+                                    for word in (found[e.value.id] if isinstance(e, ast.Starred) else (e.value,)))
+    return found
+
+
+def _spells(words: list[str], vocabulary: tuple[str, ...]) -> bool:
+    """All of the vocabulary's words and nothing else, or all of them in a row in its order (a header)."""
+    k = len(vocabulary)
+    return set(words) == set(vocabulary) or any(tuple(words[i : i + k]) == vocabulary for i in range(len(words)))
+
+
+def _copies(paths: dict[str, Path], vocabularies: dict[str, tuple[str, ...]]) -> list[str]:
+    """Literals outside its owner that spell a vocabulary out again (``__all__`` aside: the formulas
+    ``attention_core`` ... are functions too)."""
+    found = []
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text())
+        exported = {id(n.value) for n in ast.walk(tree)
+                    if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and id(node) not in exported:
+                words = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                found += [f"{name}:{node.lineno} spells {vocabulary} again (import it from {VOCABULARIES[vocabulary]})"
+                          for vocabulary, wanted in vocabularies.items()
+                          if name != VOCABULARIES[vocabulary] and _spells(words, wanted)]
+    return found
+
+
+def test_few_functions_take_more_than_five_parameters() -> None:
+    wide = _wide_functions(_modules())
+    assert len(wide) <= MAX_WIDE_FUNCTIONS, (
+        f"{len(wide)} functions take more than {MAX_PARAMETERS} named parameters (at most {MAX_WIDE_FUNCTIONS}):\n"
+        + "\n".join(wide))
+
+
+def test_each_vocabulary_is_written_once() -> None:
+    vocabularies = _vocabularies()
+    assert set(vocabularies) == set(VOCABULARIES), vocabularies
+    copies = _copies(_modules(), vocabularies)
+    assert not copies, "\n".join(copies)
+
+
+def test_the_guards_see_a_wide_function_and_a_copied_vocabulary(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(self, a, b, c, d, e, *args, **kwargs): pass\n"
+                      "def g(a, b, c, d, e, *, f): pass\n"
+                      "SHOWN = ('torch', 'fvcore')\n"
+                      "ROWS = ['test', 'attention_core', 'attention_proj', 'ffn', 'other']\n"
+                      "NAMES = ('torch', 'fvcore', 'pytest')\n__all__ = ['attention_core', 'attention_proj', 'ffn']\n")
+    assert _wide_functions({"sample": sample}) == ["sample.g (6: a, b, c, d, e, f)"]
+    assert _vocabularies()["PARTS"] == ("attention_core", "attention_proj", "ffn", "other")
+    copies = _copies({"sample": sample}, _vocabularies())
+    assert copies == ["sample:3 spells BACKENDS again (import it from request)",
+                      "sample:4 spells COMPONENTS again (import it from request)",
+                      "sample:4 spells PARTS again (import it from request)"]
+    assert _copies({"request": sample}, _vocabularies()) == []  # the owner spells its own
