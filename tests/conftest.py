@@ -2,8 +2,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch  # noqa: F401  keep torch loaded across pytester's in-process runs
-import transformers  # noqa: F401  likewise: a heavy package must not be re-imported per run
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -15,8 +13,11 @@ def _counted_once() -> None:
     """Count once before the first pytester run of a process, so every module torch imports lazily
     while tracing is loaded outside it: pytester drops modules first imported inside a run, and
     some of torch's (operator libraries) cannot be imported twice. A fixture, not import-time
-    work, so that collection traces nothing and processes without pytester tests skip it."""
+    work, so that collection traces nothing and processes without pytester tests skip it (xdist's
+    controller, which runs no test, imports neither torch nor transformers)."""
     import tiny_models
+    import torch  # noqa: F401  kept loaded across pytester's in-process runs (imported before the first)
+    import transformers  # noqa: F401  likewise: a heavy package must not be re-imported per run
 
     from pytest_attncost import clear_cache, profile
 
