@@ -68,20 +68,19 @@ def conventions(spec: ModelSpec, n: int, batch: int = 1, *, vocab: int = 0, caus
     head_term = [("the output head (n·V·D)", head)] if head else []
     halved = [("causal attention halved as n²/2 (L·h·d·n² less than a dense kernel runs; the diagonal, "
                "L·h·d·n, below causal='half')", -(core // 2))] if causal else []
-    flops_softmax = 3 * spec.heads * n * n * L * b  # Chinchilla counts softmax: 3 FLOP per score
+    gqa = ("K and V at every query head (no grouped-query attention)",
+           b * n * L * 2 * d * (hd - spec.g * spec.head_dim))
     chinchilla = [
         ("the embedding lookup as a matrix product (n·V·D)", head),
         ("the output head (n·V·D)", head),
-        ("softmax counted (3 FLOP per score)", flops_softmax // 2),
-        ("K and V at every query head (no grouped-query attention)", b * n * L * 2 * d * (hd - spec.g * spec.head_dim)),
+        ("softmax counted (3 FLOP per score)", 3 * spec.heads * n * n * L * b // 2),
+        gqa,
         ("the FFN as two matrices (gated: three)", -b * n * (spec.model_ffn_per_token - L * 2 * d * spec.ffn_dim)),
     ]
     # FlashAttention's accounting of the attention block alone: 4nD² + 2n²D a layer, the core halved as n²/2
     flash_core = b * L * 2 * n * n * d
-    gqa = b * n * L * 2 * d * (hd - spec.g * spec.head_dim)
-    reshaped = b * L * 4 * n * d * d + flash_core - exact_costs.attention - gqa  # h·d ≠ D, cross-attention
-    flash = [("the FFN left out: the attention block alone", -exact_costs.ffn),
-             ("K and V at every query head (no grouped-query attention)", gqa),
+    reshaped = b * L * 4 * n * d * d + flash_core - exact_costs.attention - gqa[1]  # h·d ≠ D, cross-attention
+    flash = [("the FFN left out: the attention block alone", -exact_costs.ffn), gqa,
              (f"the projections and core as 4nD² + 2n²D (h·d = {hd}, D = {d}; cross-attention left out)", reshaped),
              *([("causal attention halved as n²/2 (L·D·n² less)", -(flash_core // 2))] if causal else [])]
     rows = [
@@ -149,7 +148,7 @@ class Formula:
             raise ValueError(f"formula {self.name} takes (spec, n), and the profile has no spec: pass spec= to "
                              "profile(), or bind the shape in a function of n")
         value = self.function(spec, n) if self.takes_spec else self.function(n)
-        if isinstance(value, bool) or not isinstance(value, numbers.Rational | numbers.Real) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(f"formula {self.name}({n}) returned {value!r}, not a number of {self.unit}")
         per_sequence = Fraction(value if isinstance(value, numbers.Rational) else float(value)) * (
             n if self.per == "token" else 1)
@@ -187,8 +186,9 @@ class Audit:
                 f"({float((claimed - counted) / max(counted, 1)):+.2%}; tolerance {self.tolerance:g})")
         if self.terms is None:
             return (f"{head}; the difference at n = {at} is none of the known terms (causal halving, the n² core, "
-                    "the other part, the output head or an embedding as n·V·D, a gated FFN's third matrix, grouped-query attention, "
-                    "all experts; pass vocab= for the head): compare the parts, Profile.table()")
+                    "the other part, the output head or an embedding as n·V·D, a gated FFN's third matrix, "
+                    "grouped-query attention, all experts; pass vocab= for the head): compare the parts, "
+                    "Profile.table()")
         last = [n for n, _, _ in self.rows].index(n)
         return f"{head}: " + "; ".join(f"{term} ({values[last]:+,} MAC)" for term, values in self.terms)
 

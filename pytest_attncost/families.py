@@ -59,10 +59,8 @@ GATED_FAMILIES = frozenset(
      "modernbert", "phimoe", "ernie4_5", "ernie4_5_moe", "exaone4", "jetmoe", "dbrx", "jamba", "recurrent_gemma"}
 )
 
-INPUTS_HINT = (
-    "pass inputs= as a tuple of positional arguments, a dict of keyword arguments, "
-    "or a callable (n, batch) -> tuple | dict"
-)
+INPUTS_HINT = ("pass inputs= as a tuple of positional arguments, a dict of keyword arguments, "
+               "or a callable (n, batch) -> tuple | dict")
 
 
 def _get(config: Any, *names: str) -> Any:
@@ -90,10 +88,7 @@ def _moe_fields(config: Any, layers: int, heads_hidden: int) -> dict[str, Any]:
     n_shared = _get(config, "n_shared_experts")
     if n_shared:  # DeepSeek: n shared experts fused into one MLP of n x the expert width
         fields["shared_ffn_dim"] = int(n_shared) * int(width)
-    dense = 0
-    first_dense = _get(config, "first_k_dense_replace", "num_dense_layers")
-    if first_dense:
-        dense = min(layers, int(first_dense))
+    dense = min(layers, int(_get(config, "first_k_dense_replace", "num_dense_layers") or 0))
     only_mlp = getattr(config, "mlp_only_layers", None)
     step = getattr(config, "decoder_sparse_step", None)
     if only_mlp is not None or step is not None:
@@ -154,16 +149,9 @@ def spec_from_config(config: Any) -> ModelSpec:
     if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
         kv_heads = 1  # Falcon's multi-query attention
     gated = bool(getattr(config, "is_gated_act", False)) or swiglu or model_type in GATED_FAMILIES
-    return ModelSpec(
-        hidden=int(hidden),
-        heads=int(heads),
-        head_dim=int(head_dim),
-        layers=int(layers),
-        ffn_dim=int(ffn_dim),
-        kv_heads=None if kv_heads is None or kv_heads == heads else int(kv_heads),
-        gated=gated,
-        **_moe_fields(config, int(layers), int(hidden)),
-    )
+    return ModelSpec(int(hidden), int(heads), int(head_dim), int(layers), int(ffn_dim),
+                     kv_heads=None if kv_heads is None or kv_heads == heads else int(kv_heads), gated=gated,
+                     **_moe_fields(config, int(layers), int(hidden)))
 
 
 def gated_by_structure(layer: nn.Module, attention: Sequence[nn.Module], spec: ModelSpec) -> bool | None:
@@ -179,10 +167,8 @@ def gated_by_structure(layer: nn.Module, attention: Sequence[nn.Module], spec: M
         if id(module) in inside:
             continue
         pairs = [tuple(sorted(p.shape[-2:])) for p in module.parameters(recurse=False) if p.dim() == 3]
-        for child in module.children():
-            weight = getattr(child, "weight", None)
-            if isinstance(weight, torch.Tensor) and weight.dim() == 2 and id(child) not in inside:
-                pairs.append(tuple(sorted(weight.shape)))
+        pairs += [tuple(sorted(weight.shape)) for child in module.children() if id(child) not in inside
+                  and isinstance(weight := getattr(child, "weight", None), torch.Tensor) and weight.dim() == 2]
         for width in widths:
             single = pairs.count(tuple(sorted((spec.hidden, width))))
             fused = pairs.count(tuple(sorted((spec.hidden, 2 * width))))
@@ -216,7 +202,7 @@ def spec_of(model: nn.Module) -> tuple[ModelSpec | None, str | None]:
         first, why = spec_of(model.layers[0])
         if first is None:
             return None, why
-        return ModelSpec(**{**first.to_dict(), "layers": len(model.layers)}), None
+        return dataclasses.replace(first, layers=len(model.layers)), None
     return None, None
 
 
@@ -263,7 +249,8 @@ def default_inputs(model: nn.Module, n: int | None, batch: int, m: int | None = 
     """
     def need_n() -> int:
         if n is None:
-            raise ProfileError(f"profile({type(model).__name__}) needs n= (or inputs=): the sequence length to count at")
+            raise ProfileError(f"profile({type(model).__name__}) needs n= (or inputs=): "
+                               "the sequence length to count at")
         return n
 
     meta = torch.device("meta")
@@ -331,7 +318,7 @@ def _image(model: nn.Module, config: Any, batch: int) -> torch.Tensor:
     # video models take (batch, frames, channels, height, width): those that embed tubelets (a Conv3d:
     # VideoMAE, ViViT) and TimeSformer; X-CLIP's vision tower takes frames folded into the batch
     video = getattr(config, "model_type", "") == "timesformer" or any(isinstance(m, nn.Conv3d) for m in model.modules())
-    clip = (frames,) if video and isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else ()
+    clip = (frames,) if video and _size(frames) else ()
     return torch.zeros((batch, *clip, channels, *size), dtype=float_dtype(model), device="meta")
 
 
@@ -410,7 +397,7 @@ def traceable() -> Iterator[None]:
     if masking is None or not hasattr(masking, "find_packed_sequence_indices") or int(version.split(".")[0]) >= 5:
         yield
         return
-    with mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
+    with mock.patch.object(masking, "find_packed_sequence_indices", return_value=None):
         yield
 
 
@@ -442,15 +429,9 @@ def experts_of(model: nn.Module) -> dict[str, int]:
 
 #: Cache layer classes whose behaviour the decode formulas describe.
 _PLAIN_LAYERS = ("DynamicLayer",)
-
-
 _SLIDING_LAYERS = ("DynamicSlidingWindowLayer",)
-
-
-DECODE_INPUTS_HINT = (
-    "pass inputs= as a callable (n, batch) -> dict that builds the step's inputs: the new tokens and a "
-    "cache holding n tokens (meta tensors cost nothing)"
-)
+DECODE_INPUTS_HINT = ("pass inputs= as a callable (n, batch) -> dict that builds the step's inputs: the new tokens "
+                      "and a cache holding n tokens (meta tensors cost nothing)")
 
 
 def _forward_params(model: nn.Module) -> Mapping[str, Any]:
@@ -458,14 +439,6 @@ def _forward_params(model: nn.Module) -> Mapping[str, Any]:
         return inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return {}
-
-
-def _cache_argument(model: nn.Module, params: Mapping[str, Any]) -> str:
-    for name in ("cache", "past_key_values"):
-        if name in params:
-            return name
-    raise ProfileError(f"{type(model).__name__}.forward takes no cache (neither cache= nor past_key_values=); "
-                      f"{DECODE_INPUTS_HINT}")
 
 
 def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
@@ -491,7 +464,9 @@ def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
     if getattr(model, "main_input_name", "input_ids") != "input_ids":
         raise ProfileError(f"{name} does not take token ids; {DECODE_INPUTS_HINT}")
     params = _forward_params(model)
-    cache_name = _cache_argument(model, params)
+    cache_name = next((arg for arg in ("cache", "past_key_values") if arg in params), None)
+    if cache_name is None:
+        raise ProfileError(f"{name}.forward takes no cache (neither cache= nor past_key_values=); {DECODE_INPUTS_HINT}")
     try:
         spec = spec_from_config(config)
         cache = DynamicCache(config=config)
@@ -509,18 +484,11 @@ def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
     for index in range(spec.layers):
         keys = torch.zeros((batch, spec.g, n, spec.head_dim), dtype=dtype, device=meta)
         cache.update(keys, torch.zeros_like(keys), index)
-    kwargs: dict[str, Any] = {
-        "input_ids": torch.zeros((batch, new_tokens), dtype=torch.long, device=meta),
-        cache_name: cache,
-    }
     positions = torch.arange(n, n + new_tokens, device=meta).unsqueeze(0).expand(batch, new_tokens)
-    if "position_ids" in params:
-        kwargs["position_ids"] = positions
-    if "cache_position" in params:
-        kwargs["cache_position"] = torch.arange(n, n + new_tokens, device=meta)
-    if "use_cache" in params:
-        kwargs["use_cache"] = True
-    return (), kwargs
+    extras = {"position_ids": positions, "cache_position": torch.arange(n, n + new_tokens, device=meta),
+              "use_cache": True}
+    return (), {"input_ids": torch.zeros((batch, new_tokens), dtype=torch.long, device=meta), cache_name: cache,
+                **{key: value for key, value in extras.items() if key in params}}
 
 
 def sliding_spec(model: nn.Module) -> tuple[int | None, int]:
@@ -569,10 +537,7 @@ def _local_per_layer(config: Any) -> list[tuple[str, int] | None]:
         # no layer types: a window applies to every layer (Mistral), as transformers' own caches read it
         return [("window", window)] * layers if window is not None and isinstance(layers, int) else []
     sizes = {"sliding_attention": ("window", window), "chunked_attention": ("chunk", chunk)}
-    per_layer: list[tuple[str, int] | None] = []
-    for kind, size in (sizes.get(t, ("", None)) for t in types):
-        per_layer.append((kind, size) if isinstance(size, int) else None)
-    return per_layer
+    return [(kind, size) if isinstance(size, int) else None for kind, size in (sizes.get(t, ("", None)) for t in types)]
 
 
 def local_layers(model: nn.Module) -> dict[str, tuple[str, int]]:
@@ -608,7 +573,8 @@ def with_window(spec: ModelSpec, window: int | None, layers: int) -> ModelSpec:
     return dataclasses.replace(spec, sliding_window=window, sliding_layers=None if layers == spec.layers else layers)
 
 
-def _patchify_forward(self: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _patchify_forward(self: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                      ) -> torch.Tensor:
     # torch 2.13's meta kernel for convolution fails under the jit tracer (its shape
     # checks receive traced tensors). A patchifying conv (stride == kernel) is a linear
     # map of the flattened patches, with exactly the same MACs:

@@ -61,6 +61,11 @@ _MOE_FIELDS = ("experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "shared_g
 _WINDOW_FIELDS = ("sliding_window", "sliding_layers")
 
 
+def _not_int(value: object, least: int = 1) -> bool:
+    """*value* is no int (a bool is none) of at least *least*."""
+    return isinstance(value, bool) or not isinstance(value, int) or value < least
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The shape of a Transformer, as far as its cost is concerned.
@@ -105,19 +110,15 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for name in ("hidden", "heads", "head_dim", "layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ModelSpec.{name} must be a positive int, got {value!r}")
-        if isinstance(self.ffn_dim, bool) or not isinstance(self.ffn_dim, int) or self.ffn_dim < 0:
+            if _not_int(getattr(self, name)):
+                raise ValueError(f"ModelSpec.{name} must be a positive int, got {getattr(self, name)!r}")
+        if _not_int(self.ffn_dim, 0):
             raise ValueError(f"ModelSpec.ffn_dim must be an int >= 0, got {self.ffn_dim!r}")
-        if self.kv_heads is not None and (
-            isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int) or self.kv_heads <= 0
-        ):
+        if self.kv_heads is not None and _not_int(self.kv_heads):
             raise ValueError(f"ModelSpec.kv_heads must be a positive int or None, got {self.kv_heads!r}")
         for name in ("experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "dense_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"ModelSpec.{name} must be an int >= 0, got {value!r}")
+            if _not_int(getattr(self, name), 0):
+                raise ValueError(f"ModelSpec.{name} must be an int >= 0, got {getattr(self, name)!r}")
         if self.experts:
             if not 0 < self.top_k <= self.experts:
                 raise ValueError(f"ModelSpec.top_k must be in 1..experts ({self.experts}), got {self.top_k!r}")
@@ -128,16 +129,12 @@ class ModelSpec:
         elif self.top_k or self.expert_ffn_dim or self.shared_ffn_dim or self.shared_gate or self.dense_layers:
             raise ValueError("ModelSpec: top_k, expert_ffn_dim, shared_ffn_dim, shared_gate and dense_layers "
                              "describe a mixture of experts; set experts= too")
-        if self.sliding_window is not None and (
-            isinstance(self.sliding_window, bool) or not isinstance(self.sliding_window, int) or self.sliding_window <= 0
-        ):
+        if self.sliding_window is not None and _not_int(self.sliding_window):
             raise ValueError(f"ModelSpec.sliding_window must be a positive int or None, got {self.sliding_window!r}")
         if self.sliding_layers is not None:
             if self.sliding_window is None:
                 raise ValueError("ModelSpec.sliding_layers counts sliding-window layers: set sliding_window= too")
-            if isinstance(self.sliding_layers, bool) or not isinstance(self.sliding_layers, int) or not (
-                0 <= self.sliding_layers <= self.layers
-            ):
+            if _not_int(self.sliding_layers, 0) or self.sliding_layers > self.layers:
                 raise ValueError(f"ModelSpec.sliding_layers must be an int in 0..layers ({self.layers}), "
                                  f"got {self.sliding_layers!r}")
 
@@ -251,9 +248,10 @@ def relative_deviation(measured: int, expected: int) -> float:
     return abs(measured - expected) / expected
 
 
-def _check_length(name: str, value: int | None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+def _check_lengths(**lengths: int | None) -> None:
+    for name, value in lengths.items():
+        if _not_int(value):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def kept_pairs(n: int, window: int | None = None, chunk: int | None = None) -> int:
@@ -261,7 +259,7 @@ def kept_pairs(n: int, window: int | None = None, chunk: int | None = None) -> i
     tokens (query i sees keys ``i-W < j <= i``: Mistral, Gemma-2's local layers, GPT-Neo's) ``Σ min(i+1, W)``;
     within chunks of ``c`` tokens (Llama-4) each chunk's own triangle."""
     for name, size in (("window", window), ("chunk", chunk)):
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        if size is not None and _not_int(size):
             raise ValueError(f"kept_pairs: {name} must be a positive int or None, got {size!r}")
     if chunk is not None:
         whole, rest = divmod(n, chunk)
@@ -281,8 +279,7 @@ def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None
     less); ``causal="kept"`` counts the pairs the layer's mask keeps (:func:`kept_pairs`, with its sliding
     *window*). Cross-attention is never halved.
     """
-    _check_length("n", n)
-    _check_length("batch", batch)
+    _check_lengths(n=n, batch=batch)
     if causal not in ("full", "half", "kept"):  # request.CAUSAL: the request module imports this one
         raise ValueError(f"causal must be 'full', 'half' or 'kept', got {causal!r}")
     # scores: [b, h, n, d] @ [b, h, d, n]; output: [b, h, n, n] @ [b, h, n, d]
@@ -290,7 +287,7 @@ def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None
     core = 2 * batch * spec.heads * pairs * spec.head_dim
     if spec.cross_attention:
         m = n if m is None else m
-        _check_length("m", m)
+        _check_lengths(m=m)
         # scores: [b, h, n, d] @ [b, h, d, m]; output: [b, h, n, m] @ [b, h, m, d]
         core += 2 * batch * spec.heads * n * m * spec.head_dim
     return core
@@ -298,12 +295,11 @@ def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None
 
 def attention_proj(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None) -> int:
     """MACs of the Q, K, V and O projections in one layer: ``4bn(hd)²`` in the article."""
-    _check_length("n", n)
-    _check_length("batch", batch)
+    _check_lengths(n=n, batch=batch)
     proj = batch * n * spec.proj_per_token
     if spec.cross_attention:
         m = n if m is None else m
-        _check_length("m", m)
+        _check_lengths(m=m)
         # Q and O run on the n query tokens, K and V on the m memory tokens.
         hd, gd = spec.heads * spec.head_dim, spec.g * spec.head_dim
         proj += batch * (2 * n * spec.hidden * hd + 2 * m * spec.hidden * gd)
@@ -317,8 +313,7 @@ def attention(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None) -> 
 
 def ffn(spec: ModelSpec, n: int, batch: int = 1) -> int:
     """FFN MACs of one layer: ``8bn(hd)²`` in the article (``2bnDf``; ``3bnDf`` gated)."""
-    _check_length("n", n)
-    _check_length("batch", batch)
+    _check_lengths(n=n, batch=batch)
     # [n, D] @ [D, f] then [n, f] @ [f, D]; a gated FFN adds a second [n, D] @ [D, f]
     return batch * n * spec.ffn_per_token
 
@@ -329,9 +324,8 @@ def layer_costs(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *
                  ffn(spec, n, batch))
 
 
-def model_costs(
-    spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal: str = "full", train: bool = False
-) -> Costs:
+def model_costs(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None, *, causal: str = "full",
+                train: bool = False) -> Costs:
     """The whole model: ``spec.layers`` identical layers (under ``causal="kept"``, ``spec.window_layers`` of them
     keep a sliding window of pairs).
 
@@ -340,7 +334,6 @@ def model_costs(
     """
     passes = 3 if train else 1
     layer = layer_costs(spec, n, batch, m, causal=causal)
-    _check_length("n", n)
     windowed = spec.window_layers if causal == "kept" else 0
     core = layer.attention_core * (spec.layers - windowed)
     if windowed:
@@ -352,13 +345,12 @@ def model_costs(
 
 def linear_attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None) -> int:
     """One layer's core computed right to left, ``φ(Q)(φ(K)ᵀV)``: ``2bnhd²`` (per query head)."""
-    _check_length("n", n)
-    _check_length("batch", batch)
+    _check_lengths(n=n, batch=batch)
     # K^T V: [d, n] @ [n, d]; Q (K^T V): [n, d] @ [d, d]
     core = 2 * batch * n * spec.heads * spec.head_dim**2
     if spec.cross_attention:
         m = n if m is None else m
-        _check_length("m", m)
+        _check_lengths(m=m)
         core += batch * (n + m) * spec.heads * spec.head_dim**2
     return core
 
@@ -408,11 +400,6 @@ def quadratic_n(spec: ModelSpec) -> Fraction | None:
 # DynamicSlidingWindowLayer), so its queries meet min(n, W - 1) + q keys.
 
 
-def _check_context(n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n (tokens in the KV cache) must be an int >= 0, got {n!r}")
-
-
 def _no_cross(spec: ModelSpec) -> None:
     if spec.cross_attention:
         raise ValueError("the decode formulas describe decoder-only models; cross-attention reads a memory "
@@ -421,7 +408,8 @@ def _no_cross(spec: ModelSpec) -> None:
 
 def cached_tokens(spec: ModelSpec, n: int, *, sliding: bool = False) -> int:
     """Tokens a layer's KV cache holds after n tokens went through it: n, or ``min(n, W - 1)`` with a window."""
-    _check_context(n)
+    if _not_int(n, 0):
+        raise ValueError(f"n (tokens in the KV cache) must be an int >= 0, got {n!r}")
     if sliding and spec.sliding_window is not None:
         return min(n, spec.sliding_window - 1)
     return n
@@ -434,8 +422,7 @@ def decode_attention_core(spec: ModelSpec, n: int, new_tokens: int = 1, batch: i
     With ``sliding`` (a layer of a windowed spec) the keys are ``min(n, W - 1) + q``.
     """
     _no_cross(spec)
-    _check_length("new_tokens", new_tokens)
-    _check_length("batch", batch)
+    _check_lengths(new_tokens=new_tokens, batch=batch)
     keys = cached_tokens(spec, n, sliding=sliding) + new_tokens
     # scores: [b, h, q, d] @ [b, h, d, n + q]; output: [b, h, q, n + q] @ [b, h, n + q, d]
     return 2 * batch * spec.heads * new_tokens * keys * spec.head_dim
@@ -444,15 +431,13 @@ def decode_attention_core(spec: ModelSpec, n: int, new_tokens: int = 1, batch: i
 def decode_attention_proj(spec: ModelSpec, new_tokens: int = 1, batch: int = 1) -> int:
     """One layer's Q, K, V and O projections in a decode step: ``b·q·P`` (only the new tokens are projected)."""
     _no_cross(spec)
-    _check_length("new_tokens", new_tokens)
-    _check_length("batch", batch)
+    _check_lengths(new_tokens=new_tokens, batch=batch)
     return batch * new_tokens * spec.proj_per_token
 
 
 def decode_ffn(spec: ModelSpec, new_tokens: int = 1, batch: int = 1) -> int:
     """One layer's FFN in a decode step: ``b·q·F``."""
-    _check_length("new_tokens", new_tokens)
-    _check_length("batch", batch)
+    _check_lengths(new_tokens=new_tokens, batch=batch)
     return batch * new_tokens * spec.ffn_per_token
 
 
@@ -473,6 +458,7 @@ def decode_costs(spec: ModelSpec, n: int, new_tokens: int = 1, batch: int = 1) -
 def _decode_threshold(spec: ModelSpec, linear: int) -> Fraction | None:
     """The context T (keys a new token attends to) where the model's core per token, ``2hd·T`` per
     layer (``2hd·min(T, W)`` in windowed layers), reaches *linear* MACs per token."""
+    _no_cross(spec)
     if linear <= 0:
         return None
     per_key = 2 * spec.heads * spec.head_dim
@@ -500,7 +486,6 @@ def decode_crossover_n(spec: ModelSpec) -> Fraction | None:
     ``ceil(T) - 1`` cached tokens. Sliding-window layers attend to at most ``W`` keys; None when
     the core can never reach the FFN (no FFN, or every layer windowed below the threshold).
     """
-    _no_cross(spec)
     return _decode_threshold(spec, spec.model_ffn_per_token)
 
 
@@ -510,7 +495,6 @@ def decode_attention_n(spec: ModelSpec) -> Fraction | None:
     Without a window this is the prefill's :func:`crossover_n` (per token, prefill and decode
     spend the same on each part at the same context); same conventions as :func:`decode_crossover_n`.
     """
-    _no_cross(spec)
     return _decode_threshold(spec, spec.model_ffn_per_token - spec.layers * spec.proj_per_token)
 
 
@@ -520,7 +504,6 @@ def decode_quadratic_n(spec: ModelSpec) -> Fraction | None:
     From there on the step's cost is mostly the context: the step grows linearly in n, and most of it
     is the core. Same conventions as :func:`decode_crossover_n`.
     """
-    _no_cross(spec)
     return _decode_threshold(spec, spec.layers * spec.proj_per_token + spec.model_ffn_per_token)
 
 
@@ -531,8 +514,7 @@ def kv_cache_bytes(spec: ModelSpec, n: int, batch: int = 1, bytes_per_element: i
     a sliding-window layer holds ``min(n, W - 1)`` tokens. LLaMA-2-7B's shape at n = 4096 in
     float16: ``2·32·32·128·4096·2`` = 2,147,483,648 bytes (2 GiB).
     """
-    _check_length("batch", batch)
-    _check_length("bytes_per_element", bytes_per_element)
+    _check_lengths(batch=batch, bytes_per_element=bytes_per_element)
     windowed = spec.window_layers
     tokens = (spec.layers - windowed) * cached_tokens(spec, n) + windowed * cached_tokens(spec, n, sliding=True)
     return 2 * spec.g * spec.head_dim * tokens * batch * bytes_per_element
@@ -606,9 +588,7 @@ def generation_cost(spec: ModelSpec, prompt: int, new_tokens: int, batch: int = 
     ``causal`` applies to the prefill only (a decode step's core is not a triangle).
     """
     _no_cross(spec)
-    _check_length("prompt", prompt)
-    _check_length("new_tokens", new_tokens)
-    _check_length("batch", batch)
+    _check_lengths(prompt=prompt, new_tokens=new_tokens, batch=batch)
     prefill = model_costs(spec, prompt, batch, causal=causal)
     steps = new_tokens - 1
     if steps == 0:

@@ -30,31 +30,24 @@ __all__ = ["Causal", "Split", "explicit_roles", "outside_note", "split", "split_
 UNKNOWN_MASK_WARNING = ("{module}: causal='{causal}' asked for, but the mask of {macs:,} core MAC has a form the "
                         "plugin cannot tell; counted in full")
 
-
 OUTSIDE_NOTE = ("attention outside the repeated layers, counted as attention and left out of the formula's layers: "
                 "{modules}: core {core:,}, projections {proj:,}, FFN {ffn:,} MAC")
 
-
 CONDITIONING_NOTE = ("conditioning: products in the layers that run on the batch's conditioning (a timestep MLP, "
                      "adaLN modulation), fewer rows than the tokens, counted as other: {modules}: {macs:,} MAC")
-
 
 #: Warnings on a profile: the cause, the module and the MACs concerned (see DECISIONS: plain strings).
 UNPLACED_WARNING = ("{module}: {macs:,} MAC of products of two activations outside the layer's attention "
                     "module(s) could not be placed (counted as other); pass roles= to place them")
 
-
 NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while the spec says ffn_dim={ffn_dim}; "
                   "its FFN was not found (counted as other?); pass roles=")
-
 
 LAYER_NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, while {others} layer(s) beside it "
                         "have one; its FFN was not found (counted as other?); pass roles=")
 
-
 NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran no product the counter knows; "
                    "see unsupported_ops")
-
 
 BARE_WARNING = ("{modules}: {count} layer(s) beside the attention layers ran no attention core; their {macs:,} MAC "
                 "(their FFNs included) are counted as other; pass roles= to place them")
@@ -181,12 +174,9 @@ def _move(result: Split, part: str, record: OpRecord, macs: int) -> None:
 def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
                     ) -> tuple[list[str], list[tuple[str, tuple[int, ...]]]]:
     """Each record's part by the user's roles, and the attention calls: chained cores, or a core alone."""
-    parts = []
-    for record in records:
-        product = is_product(record.op) or is_fused(record.op)
-        part = product_part(role_of(record.scope, roles), is_fused(record.op), record.origin, True) if product \
-            else "other"
-        parts.append("other" if part == "unplaced" else part)
+    # explicit roles place every product (product_part never says "unplaced" for them)
+    parts = [product_part(role_of(r.scope, roles), is_fused(r.op), r.origin, True) if is_product(r.op) or is_fused(r.op)
+             else "other" for r in records]
     cores = [i for i, part in enumerate(parts) if part == "attention_core" and records[i].backward_of is None]
     chained = {i: group for group in Flow(records).groups for i in group
                if all(parts[j] == "attention_core" for j in group)}
@@ -257,13 +247,9 @@ def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
 
 def _router(record: OpRecord, experts: Mapping[str, int]) -> bool:
     """A parameter product beside an experts module, in its mixture block, with one output per expert."""
-    if not record.out_shape:
-        return False
-    for module, count in experts.items():
-        block = parent(module)
-        if within(record.scope, block) and not within(record.scope, module) and record.out_shape[-1] == count:
-            return True
-    return False
+    return bool(record.out_shape) and any(
+        within(record.scope, parent(module)) and not within(record.scope, module) and record.out_shape[-1] == count
+        for module, count in experts.items())
 
 
 def structure_warnings(parts: Split, structure: Structure | None, records: Sequence[OpRecord], spec: ModelSpec | None,
@@ -282,8 +268,7 @@ def structure_warnings(parts: Split, structure: Structure | None, records: Seque
                       for layer in without]
         if structure.bare:
             macs = sum(r.macs for r in records if any(within(r.scope, b) for b in structure.bare))
-            shown = ", ".join(structure.bare[:3]) + (", ..." if len(structure.bare) > 3 else "")
-            found.append(BARE_WARNING.format(modules=shown, count=len(structure.bare), macs=macs))
+            found.append(BARE_WARNING.format(modules=_first(structure.bare), count=len(structure.bare), macs=macs))
     if parts.attention_modules and parts.attention_core == 0 and (spec is None or spec.heads):
         found.append(NO_CORE_WARNING.format(modules=", ".join(parts.attention_modules[:3])))
     return found
@@ -294,18 +279,21 @@ def split_notes(parts: Split, structure: Structure | None) -> list[str]:
     products on the batch's conditioning."""
     found = [note for note in (outside_note(parts, structure),) if note is not None]
     if parts.conditioning:
-        modules = sorted(parts.conditioning)
-        shown = ", ".join(modules[:3]) + (", ..." if len(modules) > 3 else "")
-        found.append(CONDITIONING_NOTE.format(modules=shown, macs=sum(parts.conditioning.values())))
+        found.append(CONDITIONING_NOTE.format(modules=_first(sorted(parts.conditioning)),
+                                              macs=sum(parts.conditioning.values())))
     return found
+
+
+def _first(names: Sequence[str]) -> str:
+    """The first three *names*, and ``...`` for the rest."""
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def outside_note(parts: Split, structure: Structure | None) -> str | None:
     """The note naming attention outside the repeated layers, with its MACs (None where there is none)."""
     if structure is None or not structure.outside or not parts.outside:
         return None
-    shown = ", ".join(structure.outside[:3]) + (", ..." if len(structure.outside) > 3 else "")
-    return OUTSIDE_NOTE.format(modules=shown, core=parts.outside.get("attention_core", 0),
+    return OUTSIDE_NOTE.format(modules=_first(structure.outside), core=parts.outside.get("attention_core", 0),
                                proj=parts.outside.get("attention_proj", 0), ffn=parts.outside.get("ffn", 0))
 
 

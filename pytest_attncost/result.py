@@ -26,7 +26,6 @@ from .units import format_count, format_seconds, table
 __all__ = ["BACKENDS", "CAUSAL", "COMPONENTS", "MODES", "PARTS", "TOTALS", "Profile", "Timing", "median", "versions"]
 
 
-
 @dataclass(frozen=True)
 class Profile:
     """One counted forward pass, in MACs, split the article's way.
@@ -202,11 +201,11 @@ class Profile:
         if self.mode == "decode":
             # recurrent form: each new token updates the d x d state (K^T V) and reads it (Q S): 2hd² per layer
             queries = self.batch * (self.new_tokens or 1)
-            linear_decode = self.spec.layers * 2 * queries * self.spec.heads * self.spec.head_dim**2
-            return min(1.0, max(0.0, (self.attention_core - linear_decode) / denominator))
-        passes = 3 if self.mode == "train" else 1
-        linear_core = passes * self.spec.layers * formulas.linear_attention_core(self.spec, self.n, self.batch, self.m)
-        return min(1.0, max(0.0, (self.attention_core - linear_core) / denominator))
+            linear = self.spec.layers * 2 * queries * self.spec.heads * self.spec.head_dim**2
+        else:
+            passes = 3 if self.mode == "train" else 1
+            linear = passes * self.spec.layers * formulas.linear_attention_core(self.spec, self.n, self.batch, self.m)
+        return min(1.0, max(0.0, (self.attention_core - linear) / denominator))
 
     @property
     def crossover_n(self) -> float | None:
@@ -269,8 +268,8 @@ class Profile:
 
     def audit(self, formula: Formula | Callable[..., float]) -> Audit:
         """Set a FLOPs formula (a :class:`~pytest_attncost.conventions.Formula`, or a function ``n -> FLOPs`` or
-        ``(spec, n) -> FLOPs`` of one sequence) beside this forward pass's count, and name the terms it differs by; a :class:`Sweep`'s ``audit``
-        does it over several lengths, which tell linear terms from quadratic ones.
+        ``(spec, n) -> FLOPs`` of one sequence) beside this forward pass's count, and name the terms it differs by;
+        a :class:`Sweep`'s ``audit`` does it over several lengths, which tell linear terms from quadratic ones.
 
         Raises:
             ValueError: not a forward pass, or a malformed formula.
@@ -288,7 +287,8 @@ class Profile:
             ValueError: an unknown device or dtype, or a profile counted without bytes.
         """
         if not self.moved:
-            raise ValueError(f"{self.name}: this profile has no bytes (read from a file written before they were counted)")
+            raise ValueError(f"{self.name}: this profile has no bytes "
+                             "(read from a file written before they were counted)")
         found, dtype = devices.device(device), dtype or self.dtype
         rows = []
         for part in (*PARTS, "total"):
@@ -309,19 +309,16 @@ class Profile:
         """
         expected = self.formula
         if expected is None:
-            raise CheckFailed(
-                f"{self.name}: no formula to compare with (unknown shape); pass spec=ModelSpec(...) to profile()"
-            )
-        body = []
-        bad = False
-        for part in COMPONENTS:
-            got, want = self.in_layers(part), getattr(expected, part)
-            dev = relative_deviation(got, want)
-            bad |= dev > rtol
-            body.append([part, f"{got:,}", f"{want:,}", f"{dev:.2%}", "<-" if dev > rtol else ""])
-        if bad:
+            raise CheckFailed(f"{self.name}: no formula to compare with (unknown shape); "
+                              "pass spec=ModelSpec(...) to profile()")
+        rows = [(part, self.in_layers(part), getattr(expected, part)) for part in COMPONENTS]
+        deviations = [relative_deviation(got, want) for _, got, want in rows]
+        if any(dev > rtol for dev in deviations):
+            body = [[part, f"{got:,}", f"{want:,}", f"{dev:.2%}", "<-" if dev > rtol else ""]
+                    for (part, got, want), dev in zip(rows, deviations)]
             step = f" (decode step of {self.new_tokens or 1})" if self.mode == "decode" else ""
-            header = f"{self.name} at n={self.n}{step}, batch={self.batch} deviates from the formula by more than {rtol:.2%} (MACs):"
+            header = (f"{self.name} at n={self.n}{step}, batch={self.batch} deviates from the formula by more than "
+                      f"{rtol:.2%} (MACs):")
             raise CheckFailed("\n".join([header, *table(["part", "measured", "formula", "deviation", ""], body,
                                                            right=(1, 2, 3), rule=False)]))
 
@@ -585,13 +582,19 @@ class Timing:
     @property
     def attention_mac_share(self) -> float:
         """attention / (attention + ffn) in MACs (the profile's ``attention_share``)."""
-        attention = self.macs.get("attention_core", 0) + self.macs.get("attention_proj", 0)
-        return _ratio(attention, attention + self.macs.get("ffn", 0))
+        return _ratio(self._macs("attention"), self._macs("attention") + self._macs("ffn"))
 
     @property
     def quadratic_mac_share(self) -> float:
-        attention = self.macs.get("attention_core", 0) + self.macs.get("attention_proj", 0)
-        return _ratio(self.macs.get("attention_core", 0), attention + self.macs.get("ffn", 0))
+        return _ratio(self._macs("attention_core"), self._macs("attention") + self._macs("ffn"))
+
+    def _macs(self, part: str) -> int:
+        """The count's MACs of a part, of attention, or of the whole forward (a total's name)."""
+        if part == "attention":
+            return self.macs.get("attention_core", 0) + self.macs.get("attention_proj", 0)
+        if part in ("attributed", "traced", "forward"):
+            return sum(self.macs.get(p, 0) for p in PARTS)
+        return self.macs.get(part, 0)
 
     def time_share(self, part: str) -> float:
         """*part*'s share of the traced forward (the parts and ``unattributed`` sum to 1)."""
@@ -599,14 +602,8 @@ class Timing:
 
     def macs_per_second(self, part: str) -> float | None:
         """The count's MACs of *part* over its measured time; None when it took no time."""
-        if part == "attention":
-            macs = self.macs.get("attention_core", 0) + self.macs.get("attention_proj", 0)
-        elif part in ("attributed", "traced", "forward"):
-            macs = sum(self.macs.get(p, 0) for p in PARTS)
-        else:
-            macs = self.macs.get(part, 0)
         seconds = self.median(part)
-        return macs / seconds if seconds > 0 else None
+        return self._macs(part) / seconds if seconds > 0 else None
 
     # -- JSON -----------------------------------------------------------------------------
 
@@ -615,23 +612,14 @@ class Timing:
         figures = [*PARTS, "attention", *TOTALS]
         rates = {part: self.macs_per_second(part) for part in (*PARTS, "attention", "forward")}
         return {
-            "name": self.name,
-            "n": self.n,
-            "batch": self.batch,
-            "device": self.device,
-            "device_name": self.device_name,
-            "dtype": self.dtype,
-            "clock": self.clock,
-            "warmup": self.warmup,
-            "repeats": self.repeats,
+            **{key: getattr(self, key) for key in ("name", "n", "batch", "device", "device_name", "dtype", "clock",
+                                                   "warmup", "repeats")},
             "seconds": {f: self.median(f) for f in figures},
             "spread": {f: self.spread(f) for f in figures},
             "samples": {k: list(v) for k, v in sorted(self.samples.items())},
             "time_share": {part: self.time_share(part) for part in (*PARTS, "attention", "unattributed")},
-            "attention_time_share": self.attention_time_share,
-            "quadratic_time_share": self.quadratic_time_share,
-            "attention_mac_share": self.attention_mac_share,
-            "quadratic_mac_share": self.quadratic_mac_share,
+            **{key: getattr(self, key) for key in ("attention_time_share", "quadratic_time_share",
+                                                   "attention_mac_share", "quadratic_mac_share")},
             "macs": dict(self.macs),
             "macs_per_second": {k: (None if v is None or not math.isfinite(v) else v) for k, v in rates.items()},
             "timed_macs": dict(self.timed_macs),

@@ -1,25 +1,15 @@
-"""Which counted ops are attention cores, projections and FFNs — by where their data flows.
+"""Which counted ops are attention cores, projections and FFNs — by where their data flows (docs/split.md
+gives the rules with their reasons and examples).
 
 Every product record knows which earlier products reach its operands (``OpRecord.sources``), and the
 structure follows that data flow, not the classes or containers that hold the ops
-(:mod:`pytest_attncost.parts` sums the records by the parts found here):
-
-* a **core** is a fused attention op, or two chained products of activations (QK^T whose result
-  reaches AV; linear attention's K^T V, then Q (K^T V)); chained cores form one attention call;
-* its **projections** are the parameter products whose results reach the core's operands (Q, K, V,
-  through reshapes, rotary, norms and other parameter-free ops), those that feed only such
-  projections (low-rank Q/KV), and the parameter product that takes the core's result (O, with any
-  gate beside it);
-* the **layers** are still found from the model's repeated structure (elements of a ``ModuleList`` /
-  ``Sequential`` that run a core and hold other parameter products beside its projections; blocks that
-  hold only an FFN, or only cross-attention, join the attention layer before them in the list), and
-  **every other parameter product in a layer is FFN**; a router of a mixture of experts is also counted
-  in ``ffn_router``;
-* **attention is attention wherever it runs**: a core outside the layers (Perceiver IO's cross-attention
-  blocks, attention-pooling heads) is a core, its projections projections, and the FFN of its block
-  (in the block's module, or taking the attention's result and added back to it) is FFN; the formulas
-  describe the layers, so these parts are kept apart (``Split.outside``) and named in a note;
-* a product of two activations in a layer that is no core cannot be placed: ``other``, and a warning.
+(:mod:`pytest_attncost.parts` sums the records by the parts found here): a **core** is a fused attention op,
+or two chained products of activations; its **projections** are the parameter products whose results reach
+the core's operands, those that feed only such projections (low-rank Q/KV), and the parameter product that
+takes the core's result (O, with any gate beside it); the **layers** are the repeated container elements that
+run a core, and **every other parameter product in a layer is FFN** (a mixture's router also in
+``ffn_router``); a core outside the layers is still attention, kept apart (``Split.outside``) and named in a
+note; a product of two activations in a layer that is no core cannot be placed: ``other``, and a warning.
 
 The data flow checks itself: a product placed as FFN that feeds a core, a projection that also feeds
 an MLP, a core without projections and a layer without FFN among layers with one are warnings naming
@@ -51,15 +41,11 @@ SHARED_PROJECTION_WARNING = ("{module}: a projection of the attention in {attent
                              "projection")
 NO_PROJECTION_WARNING = ("{attention}: its attention core ({macs:,} MAC) is reached by no parameter product: its Q, K "
                          "and V projections were not found; pass roles= to name them")
-
 CONCATENATED_WARNING = ("{module}: reads the result of the attention in {attention} concatenated with other products' "
                         "results, and its shapes do not tell their columns apart; its {macs:,} MAC are counted as "
                         "attention_proj; pass roles= to place them")
-
-ROLES_HINT = (
-    "pass roles={'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']} "
-    "with fnmatch globs over the module names"
-)
+ROLES_HINT = ("pass roles={'attention': ['layers.*.attn'], 'ffn': ['layers.*.mlp']} "
+              "with fnmatch globs over the module names")
 
 
 def _common(scopes: Iterable[str]) -> str:
@@ -252,10 +238,8 @@ def _layers(homes: list[str], beside: frozenset[str], boxes: frozenset[str]) -> 
     products beside the projections (*beside*: the modules that do); failing that (attention-only stacks) the
     outermost; None outside any. Without any container element, the innermost module with such products, else
     the whole model."""
-    found: list[str | None] = []
-    for home in homes:
-        elements = _elements(home, boxes)
-        found.append(next((e for e in elements if e in beside), elements[-1] if elements else None))
+    found = [next((e for e in elements if e in beside), elements[-1] if elements else None)
+             for elements in (_elements(home, boxes) for home in homes)]
     if homes and all(layer is None for layer in found):
         found = [next((a for a in ancestors(home) if a != home and a in beside), "") for home in homes]
     return found
@@ -462,7 +446,6 @@ def _leftover(flow: Flow, i: int, parts: Sequence[str], tokens: int, wrapped: st
     takes the part of the product it adapts; one on fewer rows than the layer's queries runs on the
     batch's conditioning (a diffusion transformer's timestep MLP and adaLN modulation): ``conditioning``. A
     product inside a wrapper of a placed product (*wrapped*: its part) takes that part, whatever its rows.
-    A table, or a product with a buffer, is other; a product of two activations cannot be placed: ``unplaced``.
     """
     record = flow.records[i]
     if record.origin != "param":
@@ -504,22 +487,20 @@ def _flow_warnings(flow: Flow, projections: list[Projections], parts: Sequence[s
     records = flow.records
     found: list[str] = []
     for (module, group), mine in zip(groups, projections):
-        for i in flow.params({s for c in group for s in records[c].fed_by}):
-            if parts[i] in ("ffn", "other", "conditioning"):
-                found.append(FFN_FEEDS_CORE_WARNING.format(module=records[i].scope, macs=records[i].macs,
-                                                           part=parts[i], attention=module or "the model"))
+        where = module or "the model"
+        found += [FFN_FEEDS_CORE_WARNING.format(module=records[i].scope, macs=records[i].macs, part=parts[i],
+                                                attention=where)
+                  for i in flow.params({s for c in group for s in records[c].fed_by})
+                  if parts[i] in ("ffn", "other", "conditioning")]
         if not mine.entry:
-            found.append(NO_PROJECTION_WARNING.format(attention=module or "the model",
-                                                      macs=sum(records[i].macs for i in group)))
-        for i, attention, _ in mine.shared:
-            if not attention and i not in mine.entry:
-                found.append(CONCATENATED_WARNING.format(module=records[i].scope, macs=records[i].macs,
-                                                         attention=module or "the model"))
+            found.append(NO_PROJECTION_WARNING.format(attention=where, macs=sum(records[i].macs for i in group)))
+        found += [CONCATENATED_WARNING.format(module=records[i].scope, macs=records[i].macs, attention=where)
+                  for i, attention, _ in mine.shared if not attention and i not in mine.entry]
         split = {i for i, attention, _ in mine.shared if attention}
         for i in mine.entry:
             users = [u for u in flow.consumers[i] if parts[u] not in ("attention_core", "attention_proj")]
             if users and i not in split:
-                found.append(SHARED_PROJECTION_WARNING.format(module=records[i].scope, attention=module or "the model",
+                found.append(SHARED_PROJECTION_WARNING.format(module=records[i].scope, attention=where,
                                                               macs=records[i].macs, other=records[users[0]].scope))
     return list(dict.fromkeys(found))
 
@@ -547,8 +528,3 @@ def product_part(role: str | None, fused: bool, origin: str, explicit: bool) -> 
     if role == "ffn":
         return "ffn" if explicit else {"param": "ffn", "buffer": "other"}.get(origin, "unplaced")
     return "other"
-
-
-# --- the split -----------------------------------------------------------------------------------------
-
-
