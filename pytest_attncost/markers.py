@@ -289,10 +289,9 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
 
 def merged_kwargs(marks: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Combine marks from closest (function) to farthest (module): the nearest keyword wins."""
+    args = next((tuple(mark.args) for mark in marks if mark.args), ())
     kwargs: dict[str, Any] = {}
-    args: tuple[Any, ...] = ()
     for mark in marks:
-        args = args or tuple(mark.args)
         for key, value in mark.kwargs.items():
             kwargs.setdefault(key, value)
     return args, kwargs
@@ -365,9 +364,8 @@ def _share_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
 def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> list[str]:
     problems: list[str] = []
     formula = profile.formula
-    for name, part in (("total_max", "total"), ("attention_max", "attention"), ("ffn_max", "ffn"),
-                       ("executed_max", "executed")):
-        limit = getattr(bounds, name)
+    for name in _COUNTS:
+        part, limit = name.removesuffix("_max"), getattr(bounds, name)
         measured = profile.hardware_flops // 2 if part == "executed" else getattr(profile, part)
         if limit is None or measured <= limit:
             continue

@@ -104,11 +104,7 @@ def _channels_last_strides(rank: int) -> Callable[[Sequence[int], Sequence[int]]
         order = [1, *range(rank - 1, 1, -1), 0]
         minimum = 0
         for dim in order:
-            if sizes[dim] == 0:
-                return False
-            if strides[dim] < minimum:
-                return False
-            if dim == 0 and minimum == strides[1]:
+            if sizes[dim] == 0 or strides[dim] < minimum or (dim == 0 and minimum == strides[1]):
                 return False
             minimum = strides[dim]
             if sizes[dim] > 1:
@@ -409,9 +405,7 @@ def _functional(func: Any) -> bool:
     tags = getattr(func, "tags", ())
     if torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags:
         return False
-    if any(r.alias_info is not None for r in schema.returns) or not schema.returns:
-        return False
-    return not any(a.alias_info is not None for a in schema.arguments)
+    return bool(schema.returns) and not any(x.alias_info is not None for x in (*schema.returns, *schema.arguments))
 
 
 class OpMemo:

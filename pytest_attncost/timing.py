@@ -116,13 +116,10 @@ def _op_macs(op: str, shapes: Sequence[Any]) -> int | None:
         if op in _FUSED:
             q, k, v = (_shape(s) for s in shapes[:3])
             return attention_macs(q, k, v) if q and k and v else None
-        product = PRODUCTS[op]
-        operands = _operand_shapes(op, shapes)
-        if product.macs is not None and len(operands) == 2:
-            return product.macs(operands[0], operands[1], ())
+        product, operands = PRODUCTS[op], _operand_shapes(op, shapes)
+        return product.macs(operands[0], operands[1], ()) if product.macs is not None and len(operands) == 2 else None
     except (TypeError, IndexError, ValueError, KeyError):
         return None
-    return None
 
 
 @dataclass
