@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -264,10 +265,7 @@ class _Node:
         return _unary(builtins.round if ndigits is None else lambda v: builtins.round(v, ndigits))(self)
 
     def sym_sum(self, others: Sequence[Any]) -> _Node:
-        total = self
-        for other in others:
-            total = total.add(other)
-        return total
+        return functools.reduce(_Node.add, others, self)
 
     def sym_ite(self, then: Any, other: Any) -> _Node:
         k = len(self.values)
@@ -323,8 +321,6 @@ def swept(value: Any) -> bool:
 def spread(value: Any, k: int) -> list[Any]:
     """*value* at each of the k lengths: sizes become ints, tuples are rebuilt, the rest is repeated."""
     kind = type(value)
-    if kind is int or kind is str:
-        return [value] * k
     if kind is tuple:
         return [tuple(column) for column in zip(*(spread(item, k) for item in value))] if value else [()] * k
     if kind in (torch.SymInt, torch.SymFloat, torch.SymBool) and type(value.node) is _Node:

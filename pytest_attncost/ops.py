@@ -11,6 +11,7 @@ Names are the dispatcher's, ``aten::mm``; short names (``mm``) are what views ar
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -56,10 +57,8 @@ def _matmul(a: Shape, b: Shape, out: Shape = ()) -> int:
         a = (1, *a)
     if len(b) == 1:
         b = (*b, 1)
-    batch_a, batch_b = tuple(a[:-2]), tuple(b[:-2])
-    width = max(len(batch_a), len(batch_b))
-    batch_a, batch_b = (1,) * (width - len(batch_a)) + batch_a, (1,) * (width - len(batch_b)) + batch_b
-    return math.prod(max(x, y) for x, y in zip(batch_a, batch_b)) * a[-2] * a[-1] * b[-1]
+    batch = itertools.zip_longest(reversed(a[:-2]), reversed(b[:-2]), fillvalue=1)
+    return math.prod(max(x, y) for x, y in batch) * a[-2] * a[-1] * b[-1]
 
 
 def _linear(x: Shape, w: Shape, out: Shape = ()) -> int:

@@ -364,11 +364,10 @@ def _event_tree(prof: Any) -> list[_Node]:
             if linked > 0:
                 kernels[linked] = kernels.get(linked, 0) + event.duration_ns()
             continue
-        if linked != 0 or event.start_thread_id() != thread or event.end_thread_id() != thread:
-            continue  # device runtime calls (cudaLaunchKernel) and other threads
-        if event.is_async() or event.name().startswith(("profiler::", "[memory]")):
-            continue
-        frontend.append(event)
+        # not device runtime calls (cudaLaunchKernel), other threads, async events or the profiler's own
+        if linked == 0 and event.start_thread_id() == thread == event.end_thread_id() and not event.is_async() \
+                and not event.name().startswith(("profiler::", "[memory]")):
+            frontend.append(event)
     nodes = sorted((_Node(e.name(), e.start_ns(), e.end_ns(), list(e.shapes()), kernels.get(e.correlation_id(), 0))
                     for e in frontend), key=lambda node: (node.start_ns, -node.end_ns))
     roots: list[_Node] = []
