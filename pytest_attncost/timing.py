@@ -213,7 +213,6 @@ def _runner(model: Any, device: Any, dtype: Any, seed: int) -> Any:
         except Exception as exc:  # noqa: BLE001 - the model's own copy failed
             raise TimingError(f"cannot copy {type(model).__name__} to time it ({type(exc).__name__}: {exc}); "
                               "pass a zero-argument factory instead") from exc
-        runner = runner.to(device)
     elif callable(model):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
@@ -225,12 +224,10 @@ def _runner(model: Any, device: Any, dtype: Any, seed: int) -> Any:
                                   f"({type(exc).__name__}: {exc})") from exc
         if not isinstance(runner, nn.Module):
             raise TimingError(f"the model factory returned {type(runner).__name__}, not an nn.Module")
-        runner = unwrap(runner).to(device)
+        runner = unwrap(runner)
     else:
         raise TimingError(f"measure() takes an nn.Module or a zero-argument factory, got {type(model).__name__}")
-    if dtype is not None:
-        runner = runner.to(dtype)
-    return runner.eval()
+    return runner.to(device, dtype).eval()
 
 
 def _real_inputs(value: Any, device: Any, dtype: Any, generator: Any) -> Any:
