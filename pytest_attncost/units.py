@@ -22,14 +22,8 @@ PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 UNITS = ("mac", "flop")
 FLOP_PER_MAC = 2
 
-_COUNT = re.compile(
-    r"""^\s*
-    (?P<number>[0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)
-    \s*(?P<prefix>[kmgtp]?)
-    \s*(?P<unit>macs?|flops?)?
-    \s*$""",
-    re.IGNORECASE | re.VERBOSE,
-)
+_NUMBER = r"(?P<number>[0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)"  # of a count and of a size
+_COUNT = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kmgtp]?)\s*(?P<unit>macs?|flops?)?\s*$", re.IGNORECASE)
 
 UNIT_HELP = "an int of MACs or a string such as '45G', '45 GMAC' or '90 GFLOP' (K/M/G/T/P are powers of 1000)"
 
@@ -121,14 +115,7 @@ def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True
 BYTE_PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
                  "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
-_BYTES = re.compile(
-    r"""^\s*
-    (?P<number>[0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)
-    \s*(?P<prefix>(?:[kmgt]i?)?)
-    \s*(?:b|bytes?)?
-    \s*$""",
-    re.IGNORECASE | re.VERBOSE,
-)
+_BYTES = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>(?:[kmgt]i?)?)\s*(?:b|bytes?)?\s*$", re.IGNORECASE)
 
 BYTES_HELP = ("an int of bytes or a string such as '2 GiB', '512 MiB' or '2 GB' (KB/MB/GB are powers of 1000, "
               "KiB/MiB/GiB of 1024)")
