@@ -98,11 +98,8 @@ class Bounds:
 
     @property
     def has_bounds(self) -> bool:
-        return any(
-            getattr(self, f.name) not in (None, False)
-            for f in dataclasses.fields(self)
-            if f.name not in ("lengths", "batch", "m", "mode", "new_tokens")
-        )
+        return any(getattr(self, f.name) not in (None, False) for f in dataclasses.fields(self)
+                   if f.name not in ("lengths", "batch", "m", "mode", "new_tokens"))
 
     @property
     def has_memory_bounds(self) -> bool:
@@ -142,15 +139,23 @@ def _lengths(value: object) -> tuple[int, ...]:
     return (_length("n", value),)
 
 
-def _share(name: str, value: object) -> float:
-    if not _is_number(value) or not 0 <= value <= 1:  # type: ignore[operator]
-        raise MarkerError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+def _number(ok: Callable[[Any], bool], want: str) -> Callable[[str, object], float]:
+    """A keyword's parser of numbers *ok* accepts; the MarkerError says the keyword must be *want*."""
+    def parser(name: str, value: object) -> float:
+        if not _is_number(value) or not ok(value):
+            raise MarkerError(f"{name} must be {want}, got {value!r}")
+        return float(value)  # type: ignore[arg-type]
+
+    return parser
+
+
+_share = _number(lambda v: 0 <= v <= 1, "a number in [0, 1]")
+_rtol = _number(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (a relative tolerance such as 0.01)")
+_tokens = _number(lambda v: math.isfinite(v) and v > 0, "a positive number of tokens")
 
 
 def _read(parse: Callable[[object], Any]) -> Callable[[str, object], Any]:
-    """A keyword's parser from a parser of values (units, increases, peaks): its ValueError becomes the keyword's
-    MarkerError."""
+    """A keyword's parser from a parser of values: its ValueError becomes the keyword's MarkerError."""
     def parser(name: str, value: object) -> Any:
         try:
             return parse(value)
@@ -158,12 +163,6 @@ def _read(parse: Callable[[object], Any]) -> Callable[[str, object], Any]:
             raise MarkerError(f"{name}: {exc}") from None
 
     return parser
-
-
-def _rtol(name: str, value: object) -> float:
-    if not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type,operator]
-        raise MarkerError(f"{name} must be a finite number >= 0 (a relative tolerance such as 0.01), got {value!r}")
-    return float(value)  # type: ignore[arg-type]
 
 
 # --- bounds on measured time -------------------------------------------------------------------
@@ -174,16 +173,10 @@ def _rtol(name: str, value: object) -> float:
 MIN_REPEATS = 5
 TIME_BOUNDS = ("attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max",
                "quadratic_time_share_min")
-
-
 TIME_BOUND_MESSAGE = ("{stat} {median:.3f} {op} {limit:g} beyond the noise at n={n} on {where} "
                       "(median of {repeats} repeats, spread ±{spread:.3f}; MAC share {macs:.3f})")
-
-
 TOO_FEW_REPEATS = ("{bound}={limit:g}: {name} at n={n} was timed {repeats} time(s); a bound on measured time needs "
                    "at least {minimum} repeats to tell a broken bound from noise: measure(..., repeats={minimum})")
-
-
 NO_TIMING = "{bound}: nothing was timed: call attncost.measure(model) in the test body"
 
 
@@ -229,12 +222,6 @@ def parse_increase(value: object) -> float | dict[str, float]:
 def increase_for(allowed: float | Mapping[str, float], part: str) -> float:
     """The increase *allowed* lets *part* grow by, in percent."""
     return float(allowed.get(part, allowed.get("*", 0.0)) if isinstance(allowed, Mapping) else allowed)
-
-
-def _tokens(name: str, value: object) -> float:
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
-        raise MarkerError(f"{name} must be a positive number of tokens, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
 
 
 def _flag(name: str, value: object) -> bool:
@@ -302,10 +289,9 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
 
 def merged_kwargs(marks: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Combine marks from closest (function) to farthest (module): the nearest keyword wins."""
+    args = next((tuple(mark.args) for mark in marks if mark.args), ())
     kwargs: dict[str, Any] = {}
-    args: tuple[Any, ...] = ()
     for mark in marks:
-        args = args or tuple(mark.args)
         for key, value in mark.kwargs.items():
             kwargs.setdefault(key, value)
     return args, kwargs
@@ -378,9 +364,8 @@ def _share_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
 def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> list[str]:
     problems: list[str] = []
     formula = profile.formula
-    for name, part in (("total_max", "total"), ("attention_max", "attention"), ("ffn_max", "ffn"),
-                       ("executed_max", "executed")):
-        limit = getattr(bounds, name)
+    for name in _COUNTS:
+        part, limit = name.removesuffix("_max"), getattr(bounds, name)
         measured = profile.hardware_flops // 2 if part == "executed" else getattr(profile, part)
         if limit is None or measured <= limit:
             continue
@@ -474,9 +459,20 @@ def _where(timing: Timing) -> str:
     return "this CPU" if timing.device == "cpu" else timing.device_name or timing.device
 
 
-def _too_few(bound: str, limit: float, timing: Timing) -> str:
-    return TOO_FEW_REPEATS.format(bound=bound, limit=limit, name=timing.name, n=timing.n, repeats=timing.repeats,
-                                  minimum=MIN_REPEATS)
+def _judged(timings: Sequence[Timing] | Timing, wanted: Mapping[str, float],
+            judge: Callable[[Timing, str, float], str | None]) -> list[str]:
+    """*judge*'s problem with each timing under each bound of *wanted* (bound -> limit), timing by timing; a timing
+    of too few repeats cannot be judged, and nothing timed is a problem of its own."""
+    timings = [timings] if isinstance(timings, Timing) else timings
+    if not wanted:
+        return []
+    if not timings:
+        return [NO_TIMING.format(bound=", ".join(sorted(wanted)))]
+    found = (judge(timing, bound, limit) if timing.repeats >= MIN_REPEATS else
+             TOO_FEW_REPEATS.format(bound=bound, limit=limit, name=timing.name, n=timing.n, repeats=timing.repeats,
+                                    minimum=MIN_REPEATS)
+             for timing in timings for bound, limit in wanted.items())
+    return [problem for problem in found if problem is not None]
 
 
 def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, float | None]) -> list[str]:
@@ -487,29 +483,20 @@ def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, f
     bound over a timing of fewer than :data:`MIN_REPEATS` repeats fails with a message
     asking for more, rather than passing on noise.
     """
-    timings = [timings] if isinstance(timings, Timing) else timings
     wanted = {k: v for k, v in bounds.items() if v is not None}
     for key in [key for key in wanted if key not in TIME_BOUNDS]:
         raise ValueError(f"unknown time bound {key!r}; valid: {', '.join(TIME_BOUNDS)}")
-    if not wanted:
-        return []
-    if not timings:
-        return [NO_TIMING.format(bound=", ".join(sorted(wanted)))]
-    problems: list[str] = []
-    for timing in timings:
-        for bound, limit in wanted.items():
-            if timing.repeats < MIN_REPEATS:
-                problems.append(_too_few(bound, limit, timing))
-                continue
-            stat, _, side = bound.rpartition("_")
-            median, spread = timing.median(stat), timing.spread(stat)
-            broken = median - spread > limit if side == "max" else median + spread < limit
-            if broken:
-                macs = timing.attention_mac_share if stat.startswith("attention") else timing.quadratic_mac_share
-                problems.append(TIME_BOUND_MESSAGE.format(
-                    stat=stat, median=median, op=">" if side == "max" else "<", limit=limit, n=timing.n,
-                    where=_where(timing), repeats=timing.repeats, spread=spread, macs=macs))
-    return problems
+    return _judged(timings, wanted, _time_share_problem)
+
+
+def _time_share_problem(timing: Timing, bound: str, limit: float) -> str | None:
+    stat, _, side = bound.rpartition("_")
+    median, spread = timing.median(stat), timing.spread(stat)
+    if not (median - spread > limit if side == "max" else median + spread < limit):
+        return None
+    macs = timing.attention_mac_share if stat.startswith("attention") else timing.quadratic_mac_share
+    return TIME_BOUND_MESSAGE.format(stat=stat, median=median, op=">" if side == "max" else "<", limit=limit,
+                                     n=timing.n, where=_where(timing), repeats=timing.repeats, spread=spread, macs=macs)
 
 
 MFU_MESSAGE = ("MFU {mfu:.3f} < mfu_min {limit:g} beyond the noise at n={n} on {where}: {flops:.4g} model FLOP (the "
@@ -524,21 +511,16 @@ def check_mfu(timings: Sequence[Timing] | Timing, mfu_min: float | None, peak: s
     (:attr:`Profile.model_flops`)."""
     if mfu_min is None or peak is None:
         return []
-    timings = [timings] if isinstance(timings, Timing) else timings
-    if not timings:
-        return [NO_TIMING.format(bound="mfu_min")]
-    rate_at_peak, named = devices.peak_flops(peak)
-    problems = []
-    for timing in timings:
-        if timing.repeats < MIN_REPEATS:
-            problems.append(_too_few("mfu_min", mfu_min, timing))
-            continue
+
+    def judge(timing: Timing, bound: str, limit: float) -> str | None:
+        rate_at_peak, named = devices.peak_flops(peak)
         flops = 2 * sum(timing.macs.values())
         seconds, spread = timing.forward, timing.spread("forward")
-        fastest = max(seconds - spread, 1e-12)
-        if flops / fastest / rate_at_peak < mfu_min:
-            problems.append(MFU_MESSAGE.format(
-                mfu=flops / seconds / rate_at_peak, limit=mfu_min, n=timing.n, where=_where(timing), flops=flops,
-                causal=getattr(timing.profile, "causal", "full"), seconds=format_seconds(seconds),
-                repeats=timing.repeats, spread=format_seconds(spread), rate=flops / seconds, peak=named))
-    return problems
+        if not flops / max(seconds - spread, 1e-12) / rate_at_peak < limit:
+            return None
+        return MFU_MESSAGE.format(
+            mfu=flops / seconds / rate_at_peak, limit=limit, n=timing.n, where=_where(timing), flops=flops,
+            causal=getattr(timing.profile, "causal", "full"), seconds=format_seconds(seconds),
+            repeats=timing.repeats, spread=format_seconds(spread), rate=flops / seconds, peak=named)
+
+    return _judged(timings, {"mfu_min": mfu_min}, judge)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -60,21 +61,8 @@ def _kind(value: Any) -> type:
     return _KINDS.get(type(value), float)
 
 
-def _is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
-    # c10's _compute_contiguous
-    if math.prod(sizes) == 0:
-        return True
-    expected = 1
-    for size, stride in zip(reversed(sizes), reversed(strides)):
-        if size != 1:
-            if stride != expected:
-                return False
-            expected *= size
-    return True
-
-
 def _dense_in_order(order: Sequence[int]) -> Callable[[Sequence[int], Sequence[int]], bool]:
-    # c10's compute_channels_last_contiguous_{2,3}d
+    # c10's compute_channels_last_contiguous_{2,3}d; in reverse order, its _compute_contiguous (less the empty case)
     def check(sizes: Sequence[int], strides: Sequence[int]) -> bool:
         if len(sizes) != len(order):
             return False
@@ -87,6 +75,11 @@ def _dense_in_order(order: Sequence[int]) -> Callable[[Sequence[int], Sequence[i
         return True
 
     return check
+
+
+def _is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    # c10's _compute_contiguous
+    return math.prod(sizes) == 0 or _dense_in_order(range(len(sizes) - 1, -1, -1))(sizes, strides)
 
 
 def _non_overlapping_and_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
@@ -112,11 +105,7 @@ def _channels_last_strides(rank: int) -> Callable[[Sequence[int], Sequence[int]]
         order = [1, *range(rank - 1, 1, -1), 0]
         minimum = 0
         for dim in order:
-            if sizes[dim] == 0:
-                return False
-            if strides[dim] < minimum:
-                return False
-            if dim == 0 and minimum == strides[1]:
+            if sizes[dim] == 0 or strides[dim] < minimum or (dim == 0 and minimum == strides[1]):
                 return False
             minimum = strides[dim]
             if sizes[dim] > 1:
@@ -126,11 +115,59 @@ def _channels_last_strides(rank: int) -> Callable[[Sequence[int], Sequence[int]]
     return check
 
 
+# The methods of _Node, made by kind: torch calls them by name (vulture cannot see it).
+
+
 def _binary(fn: Callable[[Any, Any], Any], kind: type | None = None) -> Callable[[_Node, Any], _Node]:
-    """A binary method of _Node: *fn* length by length; the result's kind is *kind*, else its values' own."""
+    """*fn* length by length; the result's kind is *kind*, else its values' own."""
     def method(self: _Node, other: Any) -> _Node:
         values = tuple(map(fn, self.values, other.values if type(other) is _Node else repeat(other, len(self.values))))
-        return _Node(values, kind or _KINDS.get(type(values[0]), float))
+        return _Node(values, kind or _kind(values[0]))
+
+    return method
+
+
+def _unary(fn: Callable[[Any], Any], kind: type | None = None) -> Callable[[_Node], _Node]:
+    def method(self: _Node) -> _Node:
+        values = tuple(map(fn, self.values))
+        return _Node(values, kind or _kind(values[0]))
+
+    return method
+
+
+def _answer(value: Any) -> Callable[[_Node], Any]:
+    """The same answer from every node."""
+    return lambda self: value
+
+
+def _is(kind: type) -> Callable[[_Node], bool]:
+    return lambda self: self.pytype is kind
+
+
+def _maybe_as(kind: type) -> Callable[[_Node], Any]:
+    """The one value of every length as *kind*, None where they differ."""
+    def method(self: _Node) -> Any:
+        values = self.values
+        return kind(values[0]) if values.count(values[0]) == len(values) else None
+
+    return method
+
+
+def _wrap(kind: type) -> Callable[[_Node, Any], _Node]:
+    return lambda self, num: _Node((num,) * len(self.values), kind)
+
+
+def _guard(kind: type) -> Callable[..., Any]:
+    """A decision: every length must take the same one."""
+    return lambda self, file=None, line=None: kind(self._one())
+
+
+def _layout(check: Callable[[Sequence[int], Sequence[int]], bool]) -> Callable[[_Node, Any, Any], _Node]:
+    """A layout test, length by length."""
+    def method(self: _Node, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
+        k = len(self.values)
+        columns = [_values(s, k) for s in sizes], [_values(s, k) for s in strides]
+        return _Node(tuple(check([s[i] for s in columns[0]], [s[i] for s in columns[1]]) for i in range(k)), bool)
 
     return method
 
@@ -160,54 +197,12 @@ class _Node:
         return _ENV
 
     # --- what the node is
-    def is_int(self) -> bool:
-        return self.pytype is int
-
-    def is_bool(self) -> bool:
-        return self.pytype is bool
-
-    def is_float(self) -> bool:
-        return self.pytype is float
-
-    def is_nested_int(self) -> bool:
-        return False
-
-    def is_symbolic(self) -> bool:
-        return True
-
-    def is_constant(self) -> bool:
-        return False
-
-    def has_hint(self) -> bool:
-        return True
-
-    def nested_int(self) -> None:
-        return None
-
-    def nested_int_coeff(self) -> None:
-        return None
-
-    def constant_int(self) -> None:
-        return None
-
-    def constant_bool(self) -> None:
-        return None
-
-    def _uniform(self) -> Any:
-        values = self.values
-        return values[0] if values.count(values[0]) == len(values) else None
-
-    def maybe_as_int(self) -> int | None:
-        value = self._uniform()
-        return None if value is None else int(value)
-
-    def maybe_as_bool(self) -> bool | None:
-        value = self._uniform()
-        return None if value is None else bool(value)
-
-    def maybe_as_float(self) -> float | None:
-        value = self._uniform()
-        return None if value is None else float(value)
+    is_int, is_bool, is_float = _is(int), _is(bool), _is(float)
+    is_nested_int = is_constant = _answer(False)
+    is_symbolic = has_hint = _answer(True)
+    nested_int = nested_int_coeff = constant_int = constant_bool = _answer(None)
+    maybe_as_int, maybe_as_bool, maybe_as_float = _maybe_as(int), _maybe_as(bool), _maybe_as(float)
+    wrap_int, wrap_float, wrap_bool = _wrap(int), _wrap(float), _wrap(bool)
 
     def clone(self) -> _Node:
         return self
@@ -216,15 +211,6 @@ class _Node:
         return f"lengths{self.values}"
 
     __str__ = __repr__ = _graph_repr = str
-
-    def wrap_int(self, num: int) -> _Node:
-        return _Node((num,) * len(self.values), int)
-
-    def wrap_float(self, num: float) -> _Node:
-        return _Node((num,) * len(self.values), float)
-
-    def wrap_bool(self, num: bool) -> _Node:
-        return _Node((num,) * len(self.values), bool)
 
     # --- decisions: every length must take the same one
     def _one(self) -> Any:
@@ -235,29 +221,12 @@ class _Node:
             raise Diverged(f"a decision on the length differs between the lengths: {self.values}")
         return first
 
-    def guard_int(self, file: Any = None, line: Any = None) -> int:
-        return int(self._one())
-
-    def guard_float(self, file: Any = None, line: Any = None) -> float:
-        return float(self._one())
-
-    def guard_bool(self, file: Any = None, line: Any = None) -> bool:
-        return bool(self._one())
-
-    guard_size_oblivious = guard_or_false = guard_or_true = statically_known_true = expect_true = expect_size = \
-        guard_bool
-
-    def int_(self) -> int:
-        return int(self._one())
-
-    def bool_(self) -> bool:
-        return bool(self._one())
+    guard_int = int_ = _guard(int)
+    guard_float = _guard(float)
+    guard_bool = bool_ = guard_size_oblivious = guard_or_false = guard_or_true = statically_known_true = \
+        expect_true = expect_size = _guard(bool)
 
     # --- arithmetic, length by length
-    def _unary(self, fn: Callable[[Any], Any], kind: type | None = None) -> _Node:
-        values = tuple(map(fn, self.values))
-        return _Node(values, kind or _kind(values[0]))
-
     add = _binary(operator.add)
     sub = _binary(operator.sub)
     mul = _binary(operator.mul)
@@ -265,63 +234,34 @@ class _Node:
     pow = float_pow = pow_by_natural = _binary(operator.pow)
     floordiv = int_floordiv = _binary(operator.floordiv)
     mod = _binary(operator.mod)
-    eq = _binary(operator.eq, bool)
-    ne = _binary(operator.ne, bool)
-    gt = _binary(operator.gt, bool)
-    lt = _binary(operator.lt, bool)
-    le = _binary(operator.le, bool)
-    ge = _binary(operator.ge, bool)
+    eq, ne, gt, lt, le, ge = (_binary(fn, bool) for fn in (operator.eq, operator.ne, operator.gt, operator.lt,
+                                                            operator.le, operator.ge))
     sym_min = _binary(min)
     sym_max = _binary(max)
     sym_or = _binary(lambda a, b: bool(a or b), bool)
     sym_and = _binary(lambda a, b: bool(a and b), bool)
+    bitwise_and, bitwise_xor, bitwise_or, lshift, rshift = map(_binary, (operator.and_, operator.xor, operator.or_,
+                                                                        operator.lshift, operator.rshift))
+    sym_not = _unary(operator.not_, bool)
+    neg = _unary(operator.neg)
+    pos = _unary(operator.pos)
+    abs = _unary(builtins.abs)
+    ceil, floor, trunc = (_unary(fn, int) for fn in (math.ceil, math.floor, math.trunc))
+    sym_float = _unary(float, float)
+    sym_int = _unary(int, int)
+    sym_sqrt = _unary(math.sqrt, float)
+    is_integer = _unary(lambda v: float(v).is_integer(), bool)
 
-    def sym_not(self) -> _Node:
-        return self._unary(operator.not_, bool)
-
-    def neg(self) -> _Node:
-        return self._unary(operator.neg)
-
-    def abs(self) -> _Node:
-        return self._unary(abs)
-
-    def ceil(self) -> _Node:
-        return self._unary(math.ceil, int)
-
-    def floor(self) -> _Node:
-        return self._unary(math.floor, int)
-
-    def trunc(self) -> _Node:
-        return self._unary(math.trunc, int)
-
-    def sym_float(self) -> _Node:
-        return self._unary(float, float)
-
-    def sym_int(self) -> _Node:
-        return self._unary(int, int)
+    def round(self, ndigits: Any = None) -> _Node:
+        return _unary(builtins.round if ndigits is None else lambda v: builtins.round(v, ndigits))(self)
 
     def sym_sum(self, others: Sequence[Any]) -> _Node:
-        total = self
-        for other in others:
-            total = total.add(other)
-        return total
+        return functools.reduce(_Node.add, others, self)
 
     def sym_ite(self, then: Any, other: Any) -> _Node:
         k = len(self.values)
         values = tuple(a if c else b for c, a, b in zip(self.values, _values(then, k), _values(other, k)))
         return _Node(values, _kind(values[0]))
-
-    def pos(self) -> _Node:
-        return self._unary(operator.pos)
-
-    def round(self, ndigits: Any = None) -> _Node:
-        return self._unary(round) if ndigits is None else self._unary(lambda v: round(v, ndigits))
-
-    def sym_sqrt(self) -> _Node:
-        return self._unary(math.sqrt, float)
-
-    def is_integer(self) -> _Node:
-        return self._unary(lambda v: float(v).is_integer(), bool)
 
     def __getattr__(self, name: builtins.str) -> Any:  # `str` is a method of the node here
         # a part of torch's SymNode protocol this node lacks: the run cannot stand for every length (an
@@ -331,36 +271,13 @@ class _Node:
         _STATE["diverged"] = True
         raise Diverged(f"a swept length cannot answer {name!r}")
 
-    bitwise_and = _binary(operator.and_)
-    bitwise_xor = _binary(operator.xor)
-    bitwise_or = _binary(operator.or_)
-    lshift = _binary(operator.lshift)
-    rshift = _binary(operator.rshift)
-
     # --- layouts, length by length
-    def _layout(self, sizes: Sequence[Any], strides: Sequence[Any],
-                check: Callable[[Sequence[int], Sequence[int]], bool]) -> _Node:
-        k = len(self.values)
-        columns = [_values(s, k) for s in sizes], [_values(s, k) for s in strides]
-        return _Node(tuple(check([s[i] for s in columns[0]], [s[i] for s in columns[1]]) for i in range(k)), bool)
-
-    def is_contiguous(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
-        return self._layout(sizes, strides, _is_contiguous)
-
-    def is_non_overlapping_and_dense(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
-        return self._layout(sizes, strides, _non_overlapping_and_dense)
-
-    def is_channels_last_contiguous_2d(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
-        return self._layout(sizes, strides, _dense_in_order((1, 3, 2, 0)))
-
-    def is_channels_last_contiguous_3d(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
-        return self._layout(sizes, strides, _dense_in_order((1, 4, 3, 2, 0)))
-
-    def is_channels_last_strides_2d(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
-        return self._layout(sizes, strides, _channels_last_strides(4))
-
-    def is_channels_last_strides_3d(self, sizes: Sequence[Any], strides: Sequence[Any]) -> _Node:
-        return self._layout(sizes, strides, _channels_last_strides(5))
+    is_contiguous = _layout(_is_contiguous)
+    is_non_overlapping_and_dense = _layout(_non_overlapping_and_dense)
+    is_channels_last_contiguous_2d = _layout(_dense_in_order((1, 3, 2, 0)))
+    is_channels_last_contiguous_3d = _layout(_dense_in_order((1, 4, 3, 2, 0)))
+    is_channels_last_strides_2d = _layout(_channels_last_strides(4))
+    is_channels_last_strides_3d = _layout(_channels_last_strides(5))
 
 
 class _Env:
@@ -387,20 +304,14 @@ def swept(value: Any) -> bool:
     """Whether *value* (a size, a shape, nested containers) depends on a swept length."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return isinstance(value.node, _Node)
-    if isinstance(value, torch.Tensor):
-        return any(swept(size) for size in value.shape)
-    if isinstance(value, (tuple, list)):
-        return any(swept(item) for item in value)
-    if isinstance(value, dict):
-        return any(swept(item) for item in value.values())
-    return False
+    if isinstance(value, (torch.Tensor, dict)):
+        value = value.shape if isinstance(value, torch.Tensor) else list(value.values())
+    return isinstance(value, (tuple, list)) and any(swept(item) for item in value)
 
 
 def spread(value: Any, k: int) -> list[Any]:
     """*value* at each of the k lengths: sizes become ints, tuples are rebuilt, the rest is repeated."""
     kind = type(value)
-    if kind is int or kind is str:
-        return [value] * k
     if kind is tuple:
         return [tuple(column) for column in zip(*(spread(item, k) for item in value))] if value else [()] * k
     if kind in (torch.SymInt, torch.SymFloat, torch.SymBool) and type(value.node) is _Node:
@@ -481,9 +392,7 @@ def _functional(func: Any) -> bool:
     tags = getattr(func, "tags", ())
     if torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags:
         return False
-    if any(r.alias_info is not None for r in schema.returns) or not schema.returns:
-        return False
-    return not any(a.alias_info is not None for a in schema.arguments)
+    return bool(schema.returns) and not any(x.alias_info is not None for x in (*schema.returns, *schema.arguments))
 
 
 class OpMemo:
@@ -500,12 +409,9 @@ class OpMemo:
         self.functional: dict[Any, bool] = {}
 
     def key(self, func: Any, args: Any, kwargs: Any) -> Any:
-        ok = self.functional.get(func)
-        if ok is None:
-            ok = self.functional[func] = _functional(func)
-        if not ok:
-            return None
-        if not any(isinstance(a, torch.Tensor) for a in args):
+        if func not in self.functional:
+            self.functional[func] = _functional(func)
+        if not self.functional[func] or not any(isinstance(a, torch.Tensor) for a in args):
             return None  # constructors (the memo's own empty_strided among them) are cheap and kept out
         try:
             key = (func, _describe(args), _describe(kwargs or {}), torch.get_default_dtype())

@@ -11,12 +11,14 @@ Names are the dispatcher's, ``aten::mm``; short names (``mm``) are what views ar
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
+from .request import BACKENDS
 
 __all__ = [
     "FUSED_ATTENTION_OPS",
@@ -55,10 +57,8 @@ def _matmul(a: Shape, b: Shape, out: Shape = ()) -> int:
         a = (1, *a)
     if len(b) == 1:
         b = (*b, 1)
-    batch_a, batch_b = tuple(a[:-2]), tuple(b[:-2])
-    width = max(len(batch_a), len(batch_b))
-    batch_a, batch_b = (1,) * (width - len(batch_a)) + batch_a, (1,) * (width - len(batch_b)) + batch_b
-    return math.prod(max(x, y) for x, y in zip(batch_a, batch_b)) * a[-2] * a[-1] * b[-1]
+    batch = itertools.zip_longest(reversed(a[:-2]), reversed(b[:-2]), fillvalue=1)
+    return math.prod(max(x, y) for x, y in batch) * a[-2] * a[-1] * b[-1]
 
 
 def _linear(x: Shape, w: Shape, out: Shape = ()) -> int:
@@ -176,20 +176,17 @@ SDPA_OPS = frozenset({
     "aten::_scaled_dot_product_fused_attention_overrideable",
 })
 
-#: Ops that are attention cores wherever they run: the forward kernels above, their backward
-#: kernels and the flash / memory-efficient kernels they call.
+#: Ops that are attention cores wherever they run: the forward kernels above, the backward kernels of the
+#: fused ones (the composite and the math path have none) and the flash / memory-efficient kernels they call.
 FUSED_ATTENTION_OPS = SDPA_OPS | frozenset(
-    f"aten::{name}{suffix}"
-    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                 "_scaled_dot_product_fused_attention_overrideable")
-    for suffix in ("", "_backward")
+    f"{op}_backward" for op in SDPA_OPS if op not in ("aten::scaled_dot_product_attention",
+                                                      "aten::_scaled_dot_product_attention_math")
 ) | frozenset({"aten::_flash_attention_forward", "aten::_flash_attention_backward",
                "aten::_efficient_attention_forward", "aten::_efficient_attention_backward"})
 
 #: Ops that multiply matrices but that no handle counts: seeing one means a count is short (the table's
 #: uncounted products and ops outside the table).
-MATMUL_LIKE_UNSUPPORTED = frozenset({*counted_by("fvcore", UNCOUNTED), *counted_by("torch", UNCOUNTED),
+MATMUL_LIKE_UNSUPPORTED = frozenset({*(op for backend in BACKENDS for op in counted_by(backend, UNCOUNTED)),
     "aten::_native_multi_head_attention", "aten::_transformer_encoder_layer_fwd",
     "aten::_transformer_decoder_only_layer_fwd", "aten::_addmm_activation", "aten::chain_matmul",
     "aten::linalg_multi_dot", "aten::inner", "aten::outer", "aten::ger", "aten::kron", "aten::conv_tbc",

@@ -72,8 +72,8 @@ from .errors import TimingError
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .inputs import Built
 from .ops import FUSED_ATTENTION_OPS, MATMUL_LIKE_UNSUPPORTED, PRODUCTS, attention_macs
-from .request import DEFAULT_REPEATS, DEFAULT_WARMUP
-from .result import PARTS, TOTALS, Profile, Timing, median
+from .request import COMPONENTS, DEFAULT_REPEATS, DEFAULT_WARMUP, PARTS
+from .result import TOTALS, Profile, Timing, median
 from .roles import product_part, role_of
 from .units import format_seconds
 
@@ -105,13 +105,8 @@ def _operand_shapes(op: str, shapes: Sequence[Any]) -> list[tuple[int, ...]]:
     if positions:
         picked = [_shape(shapes[i]) for i in positions if i < len(shapes)]
     else:  # einsum and friends: every tensor operand (lists of shapes flattened)
-        flat: list[Any] = []
-        for value in shapes:
-            if _shape(value) is not None:
-                flat.append(value)
-            elif isinstance(value, (list, tuple)):
-                flat.extend(v for v in value if _shape(v) is not None)
-        picked = [_shape(v) for v in flat]
+        picked = [_shape(v) for value in shapes
+                  for v in (value if _shape(value) is None and isinstance(value, (list, tuple)) else [value])]
     return [s for s in picked if s]
 
 
@@ -121,13 +116,10 @@ def _op_macs(op: str, shapes: Sequence[Any]) -> int | None:
         if op in _FUSED:
             q, k, v = (_shape(s) for s in shapes[:3])
             return attention_macs(q, k, v) if q and k and v else None
-        product = PRODUCTS[op]
-        operands = _operand_shapes(op, shapes)
-        if product.macs is not None and len(operands) == 2:
-            return product.macs(operands[0], operands[1], ())
+        product, operands = PRODUCTS[op], _operand_shapes(op, shapes)
+        return product.macs(operands[0], operands[1], ()) if product.macs is not None and len(operands) == 2 else None
     except (TypeError, IndexError, ValueError, KeyError):
         return None
-    return None
 
 
 @dataclass
@@ -142,13 +134,10 @@ class _Placement:
     def origin(self, op: str, scope: str, shapes: Sequence[Any]) -> str:
         if PRODUCTS[op].weight:
             return "param"
-        operands = _operand_shapes(op, shapes)
-        params = self.param_shapes.get(scope, frozenset())
-        if any(s in params for s in operands if len(s) >= 2):
-            return "param"
-        buffers = self.buffer_shapes.get(scope, frozenset())
-        if any(s in buffers for s in operands if len(s) >= 2):
-            return "buffer"
+        operands = [s for s in _operand_shapes(op, shapes) if len(s) >= 2]
+        for origin, held in (("param", self.param_shapes), ("buffer", self.buffer_shapes)):
+            if any(s in held.get(scope, ()) for s in operands):
+                return origin
         return "activation"
 
     def part(self, op: str, scope: str, shapes: Sequence[Any]) -> str:
@@ -165,14 +154,12 @@ class _Placement:
 
 
 def _shape_sets(model: Any) -> tuple[dict[str, frozenset[tuple[int, ...]]], dict[str, frozenset[tuple[int, ...]]]]:
-    params: dict[str, frozenset[tuple[int, ...]]] = {}
-    buffers: dict[str, frozenset[tuple[int, ...]]] = {}
-    for name, module in model.named_modules():
-        found = {tuple(p.shape) for p in module.parameters() if p.dim() >= 2}
-        params[name] = frozenset(found | {s[::-1] for s in found if len(s) == 2})
-        held = {tuple(b.shape) for b in module.buffers() if b.dim() >= 2}
-        buffers[name] = frozenset(held | {s[::-1] for s in held if len(s) == 2})
-    return params, buffers
+    def shapes(tensors: Iterator[Any]) -> frozenset[tuple[int, ...]]:
+        found = {tuple(t.shape) for t in tensors if t.dim() >= 2}
+        return frozenset(found | {s[::-1] for s in found if len(s) == 2})
+
+    modules = list(model.named_modules())
+    return {name: shapes(m.parameters()) for name, m in modules}, {name: shapes(m.buffers()) for name, m in modules}
 
 
 def device_of(device: Any) -> Any:
@@ -226,7 +213,6 @@ def _runner(model: Any, device: Any, dtype: Any, seed: int) -> Any:
         except Exception as exc:  # noqa: BLE001 - the model's own copy failed
             raise TimingError(f"cannot copy {type(model).__name__} to time it ({type(exc).__name__}: {exc}); "
                               "pass a zero-argument factory instead") from exc
-        runner = runner.to(device)
     elif callable(model):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
@@ -238,12 +224,10 @@ def _runner(model: Any, device: Any, dtype: Any, seed: int) -> Any:
                                   f"({type(exc).__name__}: {exc})") from exc
         if not isinstance(runner, nn.Module):
             raise TimingError(f"the model factory returned {type(runner).__name__}, not an nn.Module")
-        runner = unwrap(runner).to(device)
+        runner = unwrap(runner)
     else:
         raise TimingError(f"measure() takes an nn.Module or a zero-argument factory, got {type(model).__name__}")
-    if dtype is not None:
-        runner = runner.to(dtype)
-    return runner.eval()
+    return runner.to(device, dtype).eval()
 
 
 def _real_inputs(value: Any, device: Any, dtype: Any, generator: Any) -> Any:
@@ -317,25 +301,20 @@ class _Ranges:
             handle.remove()
 
 
-class _Clock:
-    """Times one forward: perf_counter on the CPU, CUDA events (device time) on a GPU."""
-
-    def __init__(self, device: Any) -> None:
-        self.cuda = device.type == "cuda"
-
-    def time(self, run: Callable[[], Any]) -> float:
-        if not self.cuda:
-            start = time.perf_counter()
-            run()
-            return time.perf_counter() - start
-        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        torch.cuda.synchronize()
-        begin.record()
+def _seconds(run: Callable[[], Any], cuda: bool) -> float:
+    """One forward's time: perf_counter on the CPU, CUDA events (device time) on a GPU."""
+    if not cuda:
+        start = time.perf_counter()
         run()
-        end.record()
-        end.synchronize()
-        return float(begin.elapsed_time(end)) / 1e3  # milliseconds -> seconds
+        return time.perf_counter() - start
+    begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    torch.cuda.synchronize()
+    begin.record()
+    run()
+    end.record()
+    end.synchronize()
+    return float(begin.elapsed_time(end)) / 1e3  # milliseconds -> seconds
 
 
 @dataclass
@@ -382,18 +361,15 @@ def _event_tree(prof: Any) -> list[_Node]:
             if linked > 0:
                 kernels[linked] = kernels.get(linked, 0) + event.duration_ns()
             continue
-        if linked != 0 or event.start_thread_id() != thread or event.end_thread_id() != thread:
-            continue  # device runtime calls (cudaLaunchKernel) and other threads
-        if event.is_async() or event.name().startswith(("profiler::", "[memory]")):
-            continue
-        frontend.append(event)
-    nodes = [(_Node(e.name(), e.start_ns(), e.end_ns(), list(e.shapes())), e.correlation_id()) for e in frontend]
-    for node, key in nodes:
-        node.device_ns = kernels.get(key, 0)
-    nodes.sort(key=lambda pair: (pair[0].start_ns, -pair[0].end_ns))
+        # not device runtime calls (cudaLaunchKernel), other threads, async events or the profiler's own
+        if linked == 0 and event.start_thread_id() == thread == event.end_thread_id() and not event.is_async() \
+                and not event.name().startswith(("profiler::", "[memory]")):
+            frontend.append(event)
+    nodes = sorted((_Node(e.name(), e.start_ns(), e.end_ns(), list(e.shapes()), kernels.get(e.correlation_id(), 0))
+                    for e in frontend), key=lambda node: (node.start_ns, -node.end_ns))
     roots: list[_Node] = []
     stack: list[_Node] = []
-    for node, _ in nodes:
+    for node in nodes:
         while stack and (node.start_ns >= stack[-1].end_ns or node.end_ns > stack[-1].end_ns):
             stack.pop()
         (stack[-1].children if stack else roots).append(node)
@@ -492,20 +468,20 @@ def _timed_runs(runner: nn.Module, run: Callable[[], Any], runs: Runs
     from torch.profiler import profile as torch_profile
 
     device = runs.device
-    clock = _Clock(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     traced: list[float] = []
     with _timing_environment(device, runs.threads):
         for _ in range(runs.warmup):
-            clock.time(run)
-        plain = [clock.time(run) for _ in range(runs.repeats)]
+            _seconds(run, cuda)
+        plain = [_seconds(run, cuda) for _ in range(runs.repeats)]
         ranges = _Ranges(runner)
         try:
             with torch_profile(activities=activities, record_shapes=True) as prof:
                 run()  # the profiler's own first-call costs stay out of the repeats
                 for i in range(runs.repeats):
                     with record_function(f"{REPEAT_RANGE}{i}"):
-                        traced.append(clock.time(run))
+                        traced.append(_seconds(run, cuda))
         finally:
             ranges.remove()
         device_name = _describe(device)  # the thread count in force while timing
@@ -516,7 +492,7 @@ def _notes(mac_parts: Mapping[str, int], timed_macs: Mapping[str, int], unread: 
            plain: list[float], traced: list[float]) -> list[str]:
     """What makes the figures doubtful: a path other than the counted one, products not read, tracing overhead."""
     notes: list[str] = []
-    for part in ("attention_core", "attention_proj", "ffn"):
+    for part in COMPONENTS:
         if not unread and timed_macs[part] != mac_parts[part]:
             notes.append(TIMED_MACS_NOTE.format(timed=timed_macs[part], part=part, counted=mac_parts[part]))
     if unread:

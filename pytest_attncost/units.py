@@ -22,20 +22,30 @@ PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 UNITS = ("mac", "flop")
 FLOP_PER_MAC = 2
 
-_COUNT = re.compile(
-    r"""^\s*
-    (?P<number>[0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)
-    \s*(?P<prefix>[kmgtp]?)
-    \s*(?P<unit>macs?|flops?)?
-    \s*$""",
-    re.IGNORECASE | re.VERBOSE,
-)
+_NUMBER = r"(?P<number>[0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)"  # of a count and of a size
+_COUNT = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>[kmgtp]?)\s*(?P<unit>macs?|flops?)?\s*$", re.IGNORECASE)
 
 UNIT_HELP = "an int of MACs or a string such as '45G', '45 GMAC' or '90 GFLOP' (K/M/G/T/P are powers of 1000)"
 
 
 class UnitError(ValueError):
     """A count that cannot be read; the message says what was expected."""
+
+
+def _matched(value: object, pattern: re.Pattern[str], what: str, expected: str) -> int | re.Match[str]:
+    """*value*, an int (checked to be >= 0) or a string *pattern* reads (a *what*), else a UnitError."""
+    if isinstance(value, bool):
+        raise UnitError(f"expected {expected}, got the bool {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise UnitError(f"a {what} cannot be negative, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise UnitError(f"expected {expected}, got {type(value).__name__} {value!r}")
+    match = pattern.match(value)
+    if match is None:
+        raise UnitError(f"cannot read {value!r} as a {what}: expected {expected}")
+    return match
 
 
 def parse_count(value: object) -> Fraction:
@@ -53,21 +63,13 @@ def parse_count(value: object) -> Fraction:
     Raises:
         UnitError: the value is not a non-negative finite count.
     """
-    if isinstance(value, bool):
-        raise UnitError(f"expected {UNIT_HELP}, got the bool {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise UnitError(f"a count cannot be negative, got {value!r}")
-        return Fraction(value)
     if isinstance(value, float):
         if not math.isfinite(value) or value < 0:
             raise UnitError(f"a count must be finite and non-negative, got {value!r}")
         return Fraction(value)
-    if not isinstance(value, str):
-        raise UnitError(f"expected {UNIT_HELP}, got {type(value).__name__} {value!r}")
-    match = _COUNT.match(value)
-    if match is None:
-        raise UnitError(f"cannot read {value!r} as a count: expected {UNIT_HELP}")
+    match = _matched(value, _COUNT, "count", UNIT_HELP)
+    if isinstance(match, int):
+        return Fraction(match)
     number = Fraction(match["number"].replace("_", ""))
     macs = number * PREFIXES[match["prefix"].lower()]
     unit = (match["unit"] or "mac").lower().rstrip("s")
@@ -94,9 +96,9 @@ def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True
     value = Fraction(macs) * (FLOP_PER_MAC if unit == "flop" else 1)
     label = unit.upper() if suffix else ""
     prefix = ""
-    for name, scale in (("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("K", 10**3)):
+    for name, scale in reversed(PREFIXES.items()):
         if abs(value) >= scale:
-            value, prefix = value / scale, name
+            value, prefix = value / scale, name.upper()
             break
     if prefix == "" and value.denominator == 1:
         text = str(value.numerator)
@@ -113,16 +115,10 @@ def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True
 BYTE_PREFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
                  "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
-_BYTES = re.compile(
-    r"""^\s*
-    (?P<number>[0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)
-    \s*(?P<prefix>(?:[kmgt]i?)?)
-    \s*(?:b|bytes?)?
-    \s*$""",
-    re.IGNORECASE | re.VERBOSE,
-)
+_BYTES = re.compile(rf"^\s*{_NUMBER}\s*(?P<prefix>(?:[kmgt]i?)?)\s*(?:b|bytes?)?\s*$", re.IGNORECASE)
 
-BYTES_HELP = "an int of bytes or a string such as '2 GiB', '512 MiB' or '2 GB' (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)"
+BYTES_HELP = ("an int of bytes or a string such as '2 GiB', '512 MiB' or '2 GB' (KB/MB/GB are powers of 1000, "
+              "KiB/MiB/GiB of 1024)")
 
 
 def parse_bytes(value: object) -> int:
@@ -132,17 +128,9 @@ def parse_bytes(value: object) -> int:
     Raises:
         UnitError: not a non-negative size.
     """
-    if isinstance(value, bool):
-        raise UnitError(f"expected {BYTES_HELP}, got the bool {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise UnitError(f"a size cannot be negative, got {value!r}")
-        return value
-    if not isinstance(value, str):
-        raise UnitError(f"expected {BYTES_HELP}, got {type(value).__name__} {value!r}")
-    match = _BYTES.match(value)
-    if match is None:
-        raise UnitError(f"cannot read {value!r} as a size: expected {BYTES_HELP}")
+    match = _matched(value, _BYTES, "size", BYTES_HELP)
+    if isinstance(match, int):
+        return match
     return round(Fraction(match["number"].replace("_", "")) * BYTE_PREFIXES[match["prefix"].lower()])
 
 
