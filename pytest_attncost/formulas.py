@@ -56,6 +56,9 @@ __all__ = [
     "quadratic_n",
 ]
 
+#: How causal attention's core is counted: the n x n a dense kernel runs, the n(n+1)/2 pairs a causal mask keeps,
+#: or the pairs each layer's mask keeps (request.py, which imports this module, hands it on).
+CAUSAL = ("full", "half", "kept")
 
 _MOE_FIELDS = ("experts", "top_k", "expert_ffn_dim", "shared_ffn_dim", "shared_gate", "dense_layers")
 _WINDOW_FIELDS = ("sliding_window", "sliding_layers")
@@ -280,7 +283,7 @@ def attention_core(spec: ModelSpec, n: int, batch: int = 1, m: int | None = None
     *window*). Cross-attention is never halved.
     """
     _check_lengths(n=n, batch=batch)
-    if causal not in ("full", "half", "kept"):  # request.CAUSAL: the request module imports this one
+    if causal not in CAUSAL:
         raise ValueError(f"causal must be 'full', 'half' or 'kept', got {causal!r}")
     # scores: [b, h, n, d] @ [b, h, d, n]; output: [b, h, n, n] @ [b, h, n, d]
     pairs = n * n if causal == "full" else kept_pairs(n, window if causal == "kept" else None)

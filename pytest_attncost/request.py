@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import ProfileError
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
-from .formulas import ModelSpec
+from .formulas import CAUSAL, ModelSpec
 
 __all__ = ["BACKENDS", "CAUSAL", "COMPONENTS", "DEFAULT_REPEATS", "DEFAULT_WARMUP", "LARGEST_TOKENS", "MODES", "PARTS",
            "TOO_LARGE", "Inputs", "Request"]
@@ -21,10 +21,9 @@ __all__ = ["BACKENDS", "CAUSAL", "COMPONENTS", "DEFAULT_REPEATS", "DEFAULT_WARMU
 #: The parts the formulas describe, and the four every count is split into.
 COMPONENTS = ("attention_core", "attention_proj", "ffn")
 PARTS = (*COMPONENTS, "other")
-#: What profile() takes: the counters, what is counted, how causal attention is counted.
+#: What profile() takes: the counters and what is counted (how causal attention is counted: formulas.CAUSAL).
 BACKENDS = ("fvcore", "torch")
 MODES = ("forward", "train", "decode")
-CAUSAL = ("full", "half", "kept")
 #: measure()'s untimed and timed forwards.
 DEFAULT_WARMUP = 2
 DEFAULT_REPEATS = 5
