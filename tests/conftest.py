@@ -43,7 +43,21 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
     the report's fitting set COLUMNS themselves.
     """
     monkeypatch.setenv("COLUMNS", "300")
+    # the plugin by its entry point's name and nothing else: scanning every installed distribution for pytest11
+    # entry points is a fifth of an in-process run (tests with a bare pytester keep pytest's autoloading)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p attncost")
     # hypothesis' and anyio's plugins cost a second of imports in every subprocess run and play no part here
     pytester.makeini("[pytest]\nconsole_output_style = classic\naddopts = -p no:hypothesispytest -p no:anyio\n")
     pytester.makepyfile(tiny_models=TINY_MODELS_SOURCE)
     return pytester
+
+
+
+@pytest.fixture
+def autoloaded(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A project whose runs load plugins as users' do, by pytest's autoloading: what ``-p no:attncost`` disables
+    is the plugin loaded from its entry point (after a ``-p attncost`` it would stay loaded)."""
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    monkeypatch.delenv("PYTEST_ADDOPTS")
+    return project

@@ -188,7 +188,8 @@ def test_strict_markers_and_marker_help(project):
                                     "*attncost_report (bool)*"])
 
 
-def test_disabled_with_p_no(project):
+def test_disabled_with_p_no(autoloaded):
+    project = autoloaded
     project.makepyfile("""
         def test_plain():
             pass
@@ -240,7 +241,8 @@ def test_report_table(project):
     result.stdout.no_fnmatch_line("*test_untouched*BertModel*")
 
 
-def test_report_in_flop_and_from_ini(project):
+def test_report_in_flop_and_from_ini(autoloaded):
+    project = autoloaded
     project.makeini("[pytest]\nconsole_output_style = classic\nattncost_report = true\nattncost_unit = flop\n")
     project.makepyfile(test_suite=REPORT_SUITE)
     result = project.runpytest()
@@ -427,7 +429,7 @@ def test_xdist_writes_what_a_serial_run_writes_and_keeps_a_crashed_workers_finis
     monkeypatch.setenv("BERT_LAYERS", "3")
     options = ["--attncost-compare=base.json", "--attncost-report"]
     serial = project.runpytest(*options, "--attncost-json=serial.json", "--attncost-markdown=serial.md")
-    parallel = project.runpytest_subprocess("-n", "2", *options, "--attncost-json=parallel.json",
+    parallel = project.runpytest_subprocess("-p", "xdist", "-n", "2", *options, "--attncost-json=parallel.json",
                                             "--attncost-markdown=parallel.md")
     assert serial.ret == parallel.ret == pytest.ExitCode.TESTS_FAILED
     # test_report: test_bert[n=512] breaks its bound; test_verdicts: test_bert grew; test_worker: test_stop stopped
