@@ -412,8 +412,8 @@ class _TorchRecorder:
             records[index] = dataclasses.replace(records[index], mask=combine(labels))
         for index, source in self.backward_of.items():
             records[index] = dataclasses.replace(records[index], mask=records[source].mask, keeps=records[source].keeps)
-        self.recompute = [dataclasses.replace(r, mask=records[r.backward_of].mask, keeps=records[r.backward_of].keeps)
-                          if r.backward_of >= 0 else r for r in self.recompute]
+        self.recompute = [r if r.backward_of is None or r.backward_of < 0 else dataclasses.replace(
+            r, mask=records[r.backward_of].mask, keeps=records[r.backward_of].keeps) for r in self.recompute]
         return records
 
 

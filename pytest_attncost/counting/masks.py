@@ -25,9 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..ops import MASK_CAUSAL, MASK_NONE, MASK_UNKNOWN
 
-__all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "buffer_masks", "combine", "mask_transfer",
-           "score_op",
-           "masking_label", "recording", "sdpa_label"]
+__all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "buffer_masks", "combine",
+           "mask_transfer", "masking_label", "recording", "score_op", "sdpa_label"]
 
 Pattern = tuple[tuple[Any, ...], Any]  # (position set, fill value or None)
 

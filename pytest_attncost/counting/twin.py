@@ -18,8 +18,8 @@ from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it 
 from ..families import patchify_conv
 from .graphs import graph_metadata, run_in_scopes
 
-__all__ = ["HOOKS_NOTE", "as_if_compiling", "drop_hooks", "kept_torch_state", "user_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
-           "unwrap"]
+__all__ = ["HOOKS_NOTE", "as_if_compiling", "drop_hooks", "kept_torch_state", "meta_autocast", "meta_twin",
+           "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves", "unwrap", "user_hooks"]
 
 
 SCRIPTED_MESSAGE = (
@@ -128,8 +128,9 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 
 def _plain_state(cls: type) -> bool:
     """Whether copy.deepcopy would copy an instance as nn.Module's __getstate__ dict, then __setstate__."""
-    return (getattr(cls, "__deepcopy__", None) is None and cls.__reduce_ex__ is object.__reduce_ex__
-            and cls.__reduce__ is object.__reduce__ and cls.__getstate__ is nn.Module.__getstate__
+    inherited = (("__reduce_ex__", object), ("__reduce__", object), ("__getstate__", nn.Module))
+    return (getattr(cls, "__deepcopy__", None) is None and all(getattr(cls, name) is getattr(base, name)
+                                                              for name, base in inherited)
             and all("__slots__" not in vars(base) for base in cls.__mro__[:-1]))
 
 
@@ -283,8 +284,13 @@ def user_hooks(model: nn.Module) -> list[str]:
                     for hook in (getattr(module_mod, kind, None) or {}).values()]
 
 
-def _autocast(device: str) -> tuple[bool, Any]:
-    return torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+def _autocast(device: str) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """(read, restore) of autocast on *device*: whether it is enabled, and its dtype."""
+    def restore(value: tuple[bool, Any]) -> None:
+        torch.set_autocast_enabled(device, value[0])
+        torch.set_autocast_dtype(device, value[1])
+
+    return lambda: (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)), restore
 
 
 def _restore_device(device: torch.device) -> None:
@@ -307,10 +313,8 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
         lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
         lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
     "float32 matmul precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-    "cpu autocast": (lambda: _autocast("cpu"),
-                     lambda v: (torch.set_autocast_enabled("cpu", v[0]), torch.set_autocast_dtype("cpu", v[1]))),
-    "cuda autocast": (lambda: _autocast("cuda"),
-                      lambda v: (torch.set_autocast_enabled("cuda", v[0]), torch.set_autocast_dtype("cuda", v[1]))),
+    "cpu autocast": _autocast("cpu"),
+    "cuda autocast": _autocast("cuda"),
 }
 
 
