@@ -31,7 +31,7 @@ from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it 
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
 from . import flex
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, score_op, sdpa_label
-from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
+from .repeats import SHORTCUT, Copy, NotRepeating, Repeats, Run, alike, copied, passes_through
 from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["at_lengths", "count_forward_torch", "module_totals"]
@@ -196,7 +196,7 @@ class _TorchRecorder:
 
     def copy_layer(self, run: Run, name: str) -> Any:
         """A repeated layer's call: the second layer's records, renamed, here; its output returned, reached by
-        the copy's records as the second layer's output was by its own (see repeats.transported)."""
+        the copy's records as the second layer's output was by its own (see repeats.Copy)."""
         second = run.names[1]
         (start0, _), (end0, _) = run.calls[0][5:7]
         (start, before), (end, after) = run.calls[1][5:7]
@@ -204,10 +204,11 @@ class _TorchRecorder:
         if run.passes is None:
             run.passes = passes_through(self.records, first_layer, second_layer)
         layers = [first_layer, second_layer, *(list(range(s, e)) for r, _, s, e in self.copies if r is run)]
-        copy = list(range(len(self.records), len(self.records) + end - start))
+        copy = Copy(first_layer, second_layer, layers, list(range(len(self.records), len(self.records) + end - start)),
+                    bool(run.passes))
 
         def moved_to(sources: Sequence[int]) -> tuple[int, ...]:
-            return transported(sources, first_layer, second_layer, layers, copy, bool(run.passes), lambda s: (s,))
+            return copy.transported(sources, lambda s: (s,))
 
         for index in range(start, end):
             if index in self.labels:
@@ -215,7 +216,7 @@ class _TorchRecorder:
             record = self.records[index]
             self.records.append(copied(record, second, name, tuple(moved_to(operand) for operand in record.sources)))
         self.unsupported.update(after - before)
-        self.copies.append((run, name, copy[0] if copy else len(self.records), len(self.records)))
+        self.copies.append((run, name, copy.at[0] if copy.at else len(self.records), len(self.records)))
 
         def output(tensor: torch.Tensor) -> torch.Tensor:
             alias = torch.ops.aten.alias(tensor)
@@ -283,7 +284,7 @@ class _TorchRecorder:
         shapes = tuple(tuple(t.shape) for t in tensors[:3])
         index = len(self.records)
         if node is not None and torch.is_grad_enabled() and _recomputing(node):
-            self._recomputed(op, _macs(flops), shapes, out_shape, tensors, node)
+            self._recomputed((op, shapes, out_shape), _macs(flops), tensors, node)
             return
         if node is not None:  # backward: the forward op that created this node decides
             self._end_replay()
@@ -322,12 +323,13 @@ class _TorchRecorder:
                 self.flows[first] = ((index,), ())
         self._track(op, out, args, kwargs, frozenset((index,)))
 
-    def _recomputed(self, op: str, macs: Any, shapes: tuple[tuple[int, ...], ...], out_shape: tuple[int, ...],
-                    tensors: list[torch.Tensor], node: Any) -> None:
-        """Keep a recomputed op apart, as the forward op it repeats (its scope, origin, mask and part)."""
+    def _recomputed(self, key: tuple[Any, ...], macs: Any, tensors: list[torch.Tensor], node: Any) -> None:
+        """Keep a recomputed op (*key*: op, shapes, output shape) apart, as the forward op it repeats (its scope,
+        origin, mask and part)."""
         inside = self.replay_base is not None and len(self.stack) > self.replay_base
-        source = self._replayed((op, shapes, out_shape), self.scope() if inside else None)
+        source = self._replayed(key, self.scope() if inside else None)
         if source is None:  # no forward op like it: where the recompute runs
+            op, shapes, out_shape = key
             scope = self.scope() if inside else self.scope_of_node(node._sequence_nr())
             self.recompute.append(OpRecord(op, scope, macs, self.origin(tensors), shapes, out_shape, backward_of=-1))
             return
@@ -471,31 +473,42 @@ def count_forward_torch(
         CountError: the model could not run on fake tensors; the message carries the reason.
     """
     refuse_scripted(model)
+    how = _How(train, fake, buffer_masks)
     if one_run.swept((args, kwargs)):  # one run for several lengths: meta tensors of swept sizes
         if train:
             raise CountError("train mode counts one length at a time")
         with one_run.enabled():
-            return _count_torch(model, args, kwargs, train, fake, buffer_masks, shortcut=True)
-    return _count_torch(model, args, kwargs, train, fake, buffer_masks, shortcut=fake and not train)
+            return _count_torch(model, args, kwargs, how, shortcut=True)
+    return _count_torch(model, args, kwargs, how, shortcut=fake and not train)
 
 
-def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
-                 buffer_masks: Mapping[str, Pattern] | None, shortcut: bool) -> RawCount:
+@dataclasses.dataclass(frozen=True)
+class _How:
+    """How :func:`count_forward_torch` counts (its keyword arguments)."""
+
+    train: bool
+    fake: bool
+    buffer_masks: Mapping[str, Pattern] | None
+
+
+def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
+                 shortcut: bool) -> RawCount:
+    masks = how.buffer_masks
     if SHORTCUT.get() and shortcut:
-        recorder = _TorchRecorder(model, buffer_masks or {})
+        recorder = _TorchRecorder(model, masks or {})
         repeats = Repeats(model, on_stub=recorder.copy_layer,
-                          snapshot=lambda: (len(recorder.records), Counter(recorder.unsupported)), masks=buffer_masks)
+                          snapshot=lambda: (len(recorder.records), Counter(recorder.unsupported)), masks=masks)
         if repeats:
             recorder.repeats = repeats
             try:
-                return _run_torch(model, args, kwargs, train, fake, recorder)
+                return _run_torch(model, args, kwargs, how, recorder)
             except NotRepeating:
                 pass
             finally:
                 repeats.undo()
         else:
             recorder.remove_hooks()
-    return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}, train))
+    return _run_torch(model, args, kwargs, how, _TorchRecorder(model, masks or {}, how.train))
 
 
 @functools.cache
@@ -539,8 +552,9 @@ def _fake(mode: Any, leaf: Any, made: dict[int, Any]) -> Any:
     return mode.from_tensor(leaf)
 
 
-def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
+def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
                recorder: _TorchRecorder) -> RawCount:
+    train, fake = how.train, how.fake
     counter = _torch_counter(recorder)
     mode = _mode(fake, fake and one_run.swept((args, kwargs)))
     fastpath = torch.backends.mha.get_fastpath_enabled()

@@ -95,18 +95,17 @@ def _stand_in_mask_type() -> type:
     class _StandInMask(BlockMask, StandInMask):  # type: ignore[misc]
         """A BlockMask made by the stand-in create_block_mask: its mask_mod and sizes, no tensors."""
 
-        def __init__(self, mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int, kv_len: int,
+        def __init__(self, mask_mod: Callable[..., Any], shape: tuple[int, int, int, int],
                      block_size: Any = 128) -> None:  # noqa: D107 - BlockMask's tensors are not made
-            self.mask_mod, self.seq_lengths = mask_mod, (q_len, kv_len)
+            self.mask_mod, self.batch, self.heads, self.seq_lengths = mask_mod, shape[0], shape[1], shape[2:]
             self.BLOCK_SIZE = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
-            self.batch, self.heads = batch, heads
 
         @property
         def shape(self) -> tuple[int, ...]:
             return (self.batch, self.heads, *self.seq_lengths)
 
         def _adjust(self, new_q_len: int, new_kv_len: int) -> Any:
-            return type(self)(self.mask_mod, self.batch, self.heads, new_q_len, new_kv_len, self.BLOCK_SIZE)
+            return type(self)(self.mask_mod, (self.batch, self.heads, new_q_len, new_kv_len), self.BLOCK_SIZE)
 
         def to(self, device: Any) -> Any:
             return self
@@ -119,7 +118,7 @@ def _stand_in_mask_type() -> type:
 
 def _create_block_mask(mask_mod: Callable[..., Any], B: int | None, H: int | None, Q_LEN: int, KV_LEN: int,  # noqa: N803
                        device: Any = None, BLOCK_SIZE: Any = 128, *args: Any, **kwargs: Any) -> Any:
-    return _stand_in_mask_type()(mask_mod, B or 1, H or 1, Q_LEN, KV_LEN, BLOCK_SIZE)
+    return _stand_in_mask_type()(mask_mod, (B or 1, H or 1, Q_LEN, KV_LEN), BLOCK_SIZE)
 
 
 def _sizes(block_mask: Any) -> tuple[int, int, int, int]:

@@ -435,13 +435,15 @@ def _counting_environment() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
-def _flop_count_analysis() -> type:
+def _fvcore() -> tuple[type, Mapping[str, Handle]]:
+    """fvcore's FlopCountAnalysis and its own handles (imported here, at the count: see test_cli_subcommands)."""
     with warnings.catch_warnings():
         # fvcore scripts a function at import time, which torch 2.13 deprecates.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         from fvcore.nn import FlopCountAnalysis  # type: ignore[import-untyped]
-    return FlopCountAnalysis
+        from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS  # type: ignore[import-untyped]
+    return FlopCountAnalysis, _DEFAULT_SUPPORTED_OPS
 
 
 def count_forward(
@@ -460,12 +462,9 @@ def count_forward(
     Raises:
         CountError: the tracer could not run the model; the message carries its reason.
     """
-    flop_count_analysis = _flop_count_analysis()
-    from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS  # type: ignore[import-untyped]
-
     refuse_scripted(model)
     with no_global_hooks():
-        return _count_forward(model, args, kwargs, flop_count_analysis, _DEFAULT_SUPPORTED_OPS, buffer_masks)
+        return _count_forward(model, args, kwargs, buffer_masks)
 
 
 def _all_meta(model: nn.Module, values: Any) -> bool:
@@ -475,20 +474,18 @@ def _all_meta(model: nn.Module, values: Any) -> bool:
     return all(t.is_meta for t in tensors)
 
 
-def _count_forward(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], flop_count_analysis: Any,
-    default_ops: Mapping[str, Handle], buffer_masks: Mapping[str, Pattern] | None,
-) -> RawCount:
+def _count_forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   buffer_masks: Mapping[str, Pattern] | None) -> RawCount:
     if repeats.SHORTCUT.get() and _all_meta(model, (args, kwargs)):
         layers = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
         if layers:
             try:
-                return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, layers)
+                return _trace(model, args, kwargs, buffer_masks, layers)
             except NotRepeating:
                 drop_hooks(model)  # the harness's (and, after a failed trace, fvcore's) hooks
             finally:
                 layers.undo()
-    return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, None)
+    return _trace(model, args, kwargs, buffer_masks, None)
 
 
 _MARKER = "<repeat>"  # where a copied layer was called, in graph order
@@ -553,10 +550,9 @@ def _handles(analysis: Any, ctx: _TraceContext, harness: _Harness, default_ops: 
     return returned, aliases
 
 
-def _trace(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], flop_count_analysis: Any,
-    default_ops: Mapping[str, Handle], buffer_masks: Mapping[str, Pattern] | None, repeats: Repeats | None,
-) -> RawCount:
+def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], buffer_masks: Mapping[str, Pattern] | None,
+           repeats: Repeats | None) -> RawCount:
+    flop_count_analysis, default_ops = _fvcore()
     harness = _Harness(model, args, kwargs)
     inputs = harness.trace_inputs()
     ctx = _TraceContext(harness, len(inputs), buffer_masks)
@@ -651,7 +647,7 @@ def _placement(records: list[OpRecord], stubs: Mapping[str, Run], second_of: Map
 def _expand_markers(records: list[OpRecord], layers: Repeats, by_module: dict[str, int]) -> tuple[list[OpRecord], int]:
     """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module.
 
-    Sources move with the records (:func:`.repeats.transported`); what reached a marker reaches the copy's
+    Sources move with the records (:meth:`.repeats.Copy.transported`); what reached a marker reaches the copy's
     records that the second layer's output came from.
 
     Raises NotRepeating if the first two layers' records differ, or a copied layer left no marker.
@@ -673,8 +669,8 @@ def _expand_markers(records: list[OpRecord], layers: Repeats, by_module: dict[st
         second = stubs[copy].names[1]
         before = [[new_of[i] for i in first_of[second]], [new_of[i] for i in second_of[second]],
                   *(copy_at[c] for c in earlier[copy])]
-        return repeats.transported(sources, first_of[second], second_of[second], before, copy_at[copy], passes[second],
-                           mapped)
+        return repeats.Copy(first_of[second], second_of[second], before, copy_at[copy], passes[second]).transported(
+            sources, mapped)
 
     def mapped(source: int) -> tuple[int, ...]:
         # a copied layer's output: what the second layer's output came from, as the copy has it

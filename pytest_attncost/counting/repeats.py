@@ -39,8 +39,8 @@ from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it 
 from ..ops import OpRecord
 from .masks import Pattern
 
-__all__ = ["SHORTCUT", "NotRepeating", "Repeats", "Run", "alike", "copied", "full_trace", "layer_records",
-           "passes_through", "rename", "transported"]
+__all__ = ["SHORTCUT", "Copy", "NotRepeating", "Repeats", "Run", "alike", "copied", "full_trace", "layer_records",
+           "passes_through", "rename"]
 
 
 #: The switch: False inside :func:`full_trace` (a context variable: threads and tasks keep their own).
@@ -335,22 +335,32 @@ def passes_through(records: list[OpRecord], first: list[int], second: list[int])
     return all(records[a].fed_by - before_first <= records[b].fed_by - before_second for a, b in zip(first, second))
 
 
-def transported(sources: Sequence[int], first: list[int], second: list[int], before: list[list[int]],
-                copy: list[int], passes: bool, elsewhere: Callable[[int], Sequence[int]]) -> tuple[int, ...]:
-    """What the second layer took from *sources*, as the copy made at *copy* takes it.
+@dataclass(frozen=True)
+class Copy:
+    """Where a copy made of a run's second layer stands (record indices): the first layer's records, the second's,
+    the run's layers up to the copy in order (*before*), the copy's own (*at*), and whether the layers pass their
+    input on (:func:`passes_through`)."""
 
-    From inside the second layer: from the copy, position for position. From the first layer (the one
-    before the second): from the layer before the copy, and where the layers pass their input on, from every
-    layer before it (*before*: the run's layers up to the copy, in order) as the full trace finds them.
-    Anything else through *elsewhere*.
-    """
-    in_second, in_first = {i: k for k, i in enumerate(second)}, {i: k for k, i in enumerate(first)}
-    found: set[int] = set()
-    for s in sources:
-        if s in in_second:
-            found.add(copy[in_second[s]])
-        elif s in in_first:
-            found.update(layer[in_first[s]] for layer in (before if passes else before[-1:]))
-        else:
-            found.update(elsewhere(s))
-    return tuple(sorted(found))
+    first: list[int]
+    second: list[int]
+    before: list[list[int]]
+    at: list[int]
+    passes: bool
+
+    def transported(self, sources: Sequence[int], elsewhere: Callable[[int], Sequence[int]]) -> tuple[int, ...]:
+        """What the second layer took from *sources*, as the copy takes it.
+
+        From inside the second layer: from the copy, position for position. From the first layer (the one
+        before the second): from the layer before the copy, and where the layers pass their input on, from every
+        layer before it as the full trace finds them. Anything else through *elsewhere*.
+        """
+        in_second, in_first = {i: k for k, i in enumerate(self.second)}, {i: k for k, i in enumerate(self.first)}
+        found: set[int] = set()
+        for s in sources:
+            if s in in_second:
+                found.add(self.at[in_second[s]])
+            elif s in in_first:
+                found.update(layer[in_first[s]] for layer in (self.before if self.passes else self.before[-1:]))
+            else:
+                found.update(elsewhere(s))
+        return tuple(sorted(found))
