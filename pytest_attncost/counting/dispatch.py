@@ -29,7 +29,7 @@ from .. import one_run, ops
 from ..errors import CountError, hint, site
 from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
-from . import flex
+from . import flex, masks
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, score_op, sdpa_label
 from .repeats import SHORTCUT, Copy, NotRepeating, Repeats, Run, alike, copied, passes_through
 from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
@@ -114,34 +114,20 @@ _MASKED_PRODUCTS = {op: product.operands for op, product in PRODUCTS.items() if 
 _NOTHING: frozenset[int] = frozenset()
 
 
-def _named_args(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The op's arguments by their schema names (first overload)."""
-    try:
-        overload = getattr(packet, packet.overloads()[0])
-        names = [argument.name for argument in overload._schema.arguments]
-    except Exception:  # noqa: BLE001 - no schema: positional only
-        return dict(kwargs)
-    return {**dict(zip(names, args)), **kwargs}
-
-
 class _TorchRecorder:
     """Scopes, origins, masks and records for :func:`count_forward_torch`.
 
-    Forward ops take the scope of the innermost module being called. Every backward op runs
-    under an autograd node created by a forward op: it takes that forward record's scope,
-    origin and mask (the weight gradient of a Linear is a product of that Linear's parameter;
-    the gradients of QK^T and AV are products of activations, under the same mask). Nodes
-    without a counted forward op take the innermost module whose call created them, found by
-    autograd sequence numbers. Nothing depends on set order or hash seeds.
+    A forward op takes the scope of the innermost module being called; a backward op, the scope, origin and mask of
+    the forward op whose autograd node it runs under (a Linear's weight gradient is a product of its parameter;
+    QK^T's and AV's, of activations under the same mask), else the innermost module whose call made that node (by
+    autograd sequence numbers). Nothing depends on set order or hash seeds.
 
-    Activation checkpointing re-runs forward ops inside the backward (under the node that unpacks a saved
-    tensor, or ``CheckpointFunctionBackward``), with grad enabled, which a backward op has only in a double
-    backward (see :func:`_recomputing`). Such an op is the forward op it repeats (:meth:`_replayed`): it is
-    kept apart, with that op's record, and the nodes it creates (the reentrant kind's backward runs on them)
-    map to that forward op.
+    Activation checkpointing re-runs forward ops inside the backward with grad enabled, which a backward op has only
+    in a double backward (:func:`_recomputing`): such an op is kept apart as the forward op it repeats
+    (:meth:`_replayed`), and the nodes it creates (the reentrant kind's backward runs on them) map to that op.
     """
 
-    def __init__(self, model: nn.Module, masks: Mapping[str, Pattern], train: bool = False) -> None:
+    def __init__(self, model: nn.Module, how: _How) -> None:
         from torch._C._autograd import _get_sequence_nr
         from torch.utils.weak import WeakTensorKeyDictionary
 
@@ -153,8 +139,8 @@ class _TorchRecorder:
         self.state = [*model.parameters(), *model.buffers()]
         self.params = {id(p) for p in model.parameters()}
         self.buffers = {id(b) for b in model.buffers()}
-        by_id = {id(b): name for name, b in model.named_buffers()}
-        self.masks = Patterns({key: masks[name] for key, name in by_id.items() if name in masks})
+        given = how.buffer_masks or {}
+        self.masks = Patterns({id(b): given[name] for name, b in model.named_buffers() if name in given})
         self.calls: list[list[Any]] = []  # [first sequence nr, end sequence nr or None, name, parent call]
         self.starts: list[int] = []
         self.stack: list[int] = []
@@ -168,7 +154,7 @@ class _TorchRecorder:
         self.handles: list[Any] = []
         self.repeats: Repeats | None = None
         self.copies: list[tuple[Run, str, int, int]] = []  # (run, layer, first record, end) of each copy
-        self.train = train  # a backward follows: forward records are kept by key, for a recompute to find
+        self.train = how.train  # a backward follows: forward records are kept by key, for a recompute to find
         self.recompute: list[OpRecord] = []  # forward ops run again in the backward (activation checkpointing)
         self.forward_keys: dict[tuple[Any, ...], list[int]] = {}  # (op, shapes, output) -> forward records
         self.key_of: dict[int, tuple[Any, ...]] = {}
@@ -197,26 +183,24 @@ class _TorchRecorder:
     def copy_layer(self, run: Run, name: str) -> Any:
         """A repeated layer's call: the second layer's records, renamed, here; its output returned, reached by
         the copy's records as the second layer's output was by its own (see repeats.Copy)."""
-        second = run.names[1]
-        (start0, _), (end0, _) = run.calls[0][5:7]
-        (start, before), (end, after) = run.calls[1][5:7]
-        first_layer, second_layer = list(range(start0, end0)), list(range(start, end))
+        second, begin = run.names[1], len(self.records)
+        first_layer, second_layer = _layer(run, 0), _layer(run, 1)
         if run.passes is None:
             run.passes = passes_through(self.records, first_layer, second_layer)
         layers = [first_layer, second_layer, *(list(range(s, e)) for r, _, s, e in self.copies if r is run)]
-        copy = Copy(first_layer, second_layer, layers, list(range(len(self.records), len(self.records) + end - start)),
-                    bool(run.passes))
+        copy = Copy(first_layer, second_layer, layers, list(range(begin, begin + len(second_layer))), bool(run.passes))
 
         def moved_to(sources: Sequence[int]) -> tuple[int, ...]:
             return copy.transported(sources, lambda s: (s,))
 
-        for index in range(start, end):
+        for index in second_layer:
             if index in self.labels:
                 self.labels[len(self.records)] = list(self.labels[index])
             record = self.records[index]
             self.records.append(copied(record, second, name, tuple(moved_to(operand) for operand in record.sources)))
+        (_, before), (_, after) = run.calls[1][5:7]
         self.unsupported.update(after - before)
-        self.copies.append((run, name, copy.at[0] if copy.at else len(self.records), len(self.records)))
+        self.copies.append((run, name, begin, len(self.records)))
 
         def output(tensor: torch.Tensor) -> torch.Tensor:
             alias = torch.ops.aten.alias(tensor)
@@ -230,14 +214,10 @@ class _TorchRecorder:
         assert self.repeats is not None
         self.repeats.check()
         for run in {id(run): run for run, *_ in self.copies}.values():
-            first, second = run.names[:2]
-            (start0, _), (end0, _) = run.calls[0][5:7]
-            (start1, _), (end1, _) = run.calls[1][5:7]
-            if not alike(records, list(range(start0, end0)), list(range(start1, end1)), first, second):
+            if not alike(records, _layer(run, 0), _layer(run, 1), *run.names[:2]):
                 raise NotRepeating
         for run, name, start, end in self.copies:
-            (start1, _), (end1, _) = run.calls[1][5:7]
-            if not alike(records, list(range(start1, end1)), list(range(start, end)), run.names[1], name):
+            if not alike(records, _layer(run, 1), list(range(start, end)), run.names[1], name):
                 raise NotRepeating
 
     def remove_hooks(self) -> None:
@@ -308,7 +288,7 @@ class _TorchRecorder:
             # autograd created this op's node just before dispatching it: the latest sequence number
             self.node_records.setdefault(self.sequence_nr() - 1, index)
         if op in FUSED_ATTENTION_OPS:
-            named = _named_args(packet, args, kwargs)
+            named = {**dict(zip(masks.argument_names(op), args)), **kwargs}
             mask = named.get("attn_mask", named.get("attn_bias"))
             self.labels[index] = [sdpa_label(
                 named.get("is_causal", False), isinstance(mask, torch.Tensor),
@@ -419,6 +399,12 @@ class _TorchRecorder:
         return records
 
 
+def _layer(run: Run, index: int) -> list[int]:
+    """The records traced layer *index* (0, 1) of *run* made, from the recorder's snapshots around its call."""
+    (start, _), (end, _) = run.calls[index][5:7]
+    return list(range(start, end))
+
+
 def _recomputing(node: Any) -> bool:
     """Whether an op dispatched under autograd *node* with grad enabled is a forward op that activation checkpointing
     runs again: under ``CheckpointFunctionBackward`` (the reentrant kind), or with the non-reentrant kind's
@@ -493,11 +479,10 @@ class _How:
 
 def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
                  shortcut: bool) -> RawCount:
-    masks = how.buffer_masks
-    if SHORTCUT.get() and shortcut:
-        recorder = _TorchRecorder(model, masks or {})
-        repeats = Repeats(model, on_stub=recorder.copy_layer,
-                          snapshot=lambda: (len(recorder.records), Counter(recorder.unsupported)), masks=masks)
+    if SHORTCUT.get() and shortcut:  # (never in train mode)
+        recorder = _TorchRecorder(model, how)
+        repeats = Repeats(model, recorder.copy_layer, lambda: (len(recorder.records), Counter(recorder.unsupported)),
+                          how.buffer_masks)
         if repeats:
             recorder.repeats = repeats
             try:
@@ -508,7 +493,7 @@ def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                 repeats.undo()
         else:
             recorder.remove_hooks()
-    return _run_torch(model, args, kwargs, how, _TorchRecorder(model, masks or {}, how.train))
+    return _run_torch(model, args, kwargs, how, _TorchRecorder(model, how))
 
 
 @functools.cache
@@ -568,9 +553,7 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
             with counter, torch.set_grad_enabled(train), _Einsums(recorder), flex.into_records(recorder.records):
                 output = model(*args, **kwargs)
                 if train:
-                    leaves: list[torch.Tensor] = []
-                    tensor_leaves(output, leaves)
-                    grads = [t for t in leaves if t.requires_grad and t.is_floating_point()]
+                    grads = [t for t in tensor_leaves(output) if t.requires_grad and t.is_floating_point()]
                     if not grads:
                         raise CountError("train mode needs an output that requires grad; none did")
                     loss = torch.stack([t.sum() for t in grads]).sum()
@@ -604,7 +587,6 @@ class _Einsums(TorchFunctionMode):
         self.recorder = recorder
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = None
         if func is not torch.functional.einsum:
             return func(*args, **(kwargs or {}))
         start = len(self.recorder.records)
@@ -639,17 +621,13 @@ def _raw(model: nn.Module, recorder: _TorchRecorder, output: Any) -> RawCount:
     records = recorder.finish()
     if recorder.repeats is not None:
         recorder.check_copies(records)
-    returned: list[torch.Tensor] = []
-    tensor_leaves(output, returned)
-    outputs = tuple(tuple(sorted(recorder.reach.get(t, _NOTHING))) for t in returned)
+    outputs = tuple(tuple(sorted(recorder.reach.get(t, _NOTHING))) for t in tensor_leaves(output))
     classes = {name: type(module).__name__ for name, module in model.named_modules()}
     copied = tuple(name for _, name, _, _ in recorder.copies)
-    if any(isinstance(r.macs, torch.SymInt) for r in records):  # several lengths: summed per length by at_lengths
-        return RawCount(total=0, records=records, unsupported_ops=recorder.unsupported, by_module={},
-                        module_names=classes, copied_layers=copied, outputs=outputs)
-    return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=recorder.unsupported,
-                    by_module=module_totals(records, list(classes)), module_names=classes, copied_layers=copied,
-                    outputs=outputs, recompute=tuple(recorder.recompute))
+    swept = any(isinstance(r.macs, torch.SymInt) for r in records)  # several lengths: summed per length by at_lengths
+    return RawCount(total=0 if swept else sum(r.macs for r in records), records=records, module_names=classes,
+                    by_module={} if swept else module_totals(records, list(classes)), outputs=outputs,
+                    unsupported_ops=recorder.unsupported, copied_layers=copied, recompute=tuple(recorder.recompute))
 
 
 def module_totals(records: list[OpRecord], names: list[str],

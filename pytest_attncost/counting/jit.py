@@ -28,7 +28,7 @@ from ..errors import CountError, hint, site
 from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..families import traceable
 from ..ops import PRODUCTS, SDPA_OPS, OpRecord, RawCount, is_product, short
-from . import repeats
+from . import masks, repeats
 from .flex import new_trace, traced_keeps
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, score_op, sdpa_label
 from .repeats import NotRepeating, Repeats, Run, copied
@@ -39,8 +39,7 @@ __all__ = ["EXTRA_HANDLES", "count_forward"]
 
 def _shape(value: Any) -> list[int]:
     """Static shape of a traced tensor value (the trace records complete types)."""
-    sizes = value.type().sizes()
-    return [int(s) for s in sizes]
+    return [int(s) for s in value.type().sizes()]
 
 
 def _from_table(op: str) -> Callable[[list[Any], list[Any]], int]:
@@ -61,10 +60,8 @@ def _sdpa_macs(inputs: list[Any], outputs: list[Any]) -> int:
 
 
 def _einsum_macs(inputs: list[Any], outputs: list[Any]) -> int:
-    """Exactly what torch runs: its own einsum on empty meta operands, under its FLOP counter.
-
-    fvcore's handle rounds to 4 significant digits (16,778,000 for 16,777,216).
-    """
+    """Exactly what torch runs: its own einsum on empty meta operands, under its FLOP counter (fvcore's handle
+    rounds to 4 significant digits: 16,778,000 for 16,777,216)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     equation = inputs[0].toIValue()
@@ -106,10 +103,7 @@ class _TraceContext:
 
     def sources(self, values: list[Any]) -> tuple[int, ...]:
         """The products whose results reach *values* through ops that are no products (memoised per value)."""
-        found: set[int] = set()
-        for value in values:
-            found |= self._reach(value)
-        return tuple(sorted(found))
+        return tuple(sorted(frozenset[int]().union(*map(self._reach, values))))
 
     def _reach(self, start: Any) -> frozenset[int]:
         memo, stack = self.reach, [start]
@@ -142,25 +136,24 @@ class _TraceContext:
         for value in outputs:
             self.produced[value.debugName()] = index
 
+    def _state(self, value: Any) -> int | None:
+        """The index in the state of a graph input that is state (None: one of the user's inputs)."""
+        index = value.offset() - self.n_user_inputs
+        return index if 0 <= index < len(self.state_names) else None
+
     def state_name(self, value: Any) -> str | None:
         """The dotted name (relative to the user's model) of a graph input that is state."""
-        index = value.offset() - self.n_user_inputs
-        if 0 <= index < len(self.state_names):
-            name = self.state_names[index]
-            return name[len("model.") :] if name.startswith("model.") else name
-        return None
+        index = self._state(value)
+        return None if index is None else self.state_names[index].removeprefix("model.")
 
     def origin_of(self, value: Any) -> str:
         """Follow views back to a graph input: a parameter, a buffer, or an activation."""
         for _ in range(64):
             node = value.node()
-            kind = node.kind()
-            if kind == "prim::Param":
-                index = value.offset() - self.n_user_inputs
-                if 0 <= index < len(self.state_is_param):
-                    return "param" if self.state_is_param[index] else "buffer"
-                return "activation"
-            if short(kind) not in ops.VIEW_OPS:
+            if node.kind() == "prim::Param":
+                index = self._state(value)
+                return "activation" if index is None else "param" if self.state_is_param[index] else "buffer"
+            if short(node.kind()) not in ops.VIEW_OPS:
                 return "activation"
             value = next(iter(node.inputs()))
         return "activation"
@@ -180,8 +173,8 @@ class _TraceContext:
                         continue
                     seen.add(name)
                     if item.node().kind() == "prim::Param":
-                        index = item.offset() - self.n_user_inputs
-                        param = 0 <= index < len(self.state_is_param) and self.state_is_param[index]
+                        index = self._state(item)
+                        param = index is not None and self.state_is_param[index]
                         found, alone = found or param, alone and param
                     elif self.derived.get(name) is False or len(seen) > 256 or name in self.produced:
                         alone = False  # a product's result reaches it: an activation
@@ -203,11 +196,7 @@ def _floating(value: Any) -> bool:
 def _scope_of(node: Any) -> str:
     """The harness names the model ``model``; report names relative to the user's model."""
     name = node.scopeName().split("/")[-1]
-    if name == "model":
-        return ""
-    if name.startswith("model."):
-        return name[len("model.") :]
-    return name
+    return "" if name == "model" else name.removeprefix("model.")
 
 
 def _operands(op: str, inputs: list[Any]) -> list[Any]:
@@ -227,26 +216,21 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
         if not isinstance(macs, Number):
             raise CountError(f"the handle for {op} returned {value!r}, not a number")
         operands = _operands(op, inputs)
-        each = [(v, ctx.origin_of(v)) for v in operands if v.type().kind() == "TensorType"]
-        if is_product(op) and all(found == "activation" for _, found in each):  # a weight computed (weight_norm)?
-            each = [(v, "param" if ctx.from_parameters(v) else found) for v, found in each]
-        origins = {found for _, found in each}
+        tensors = [v for v in operands if _is_tensor(v)]
+        origins = [ctx.origin_of(v) for v in tensors]
+        if is_product(op) and all(found == "activation" for found in origins):  # a weight computed (weight_norm)?
+            origins = ["param" if ctx.from_parameters(v) else found for v, found in zip(tensors, origins)]
         origin = "param" if "param" in origins else "buffer" if "buffer" in origins else "activation"
-        shapes = tuple(
-            tuple(_shape(v)) for v in operands if v.type().kind() == "TensorType" and v.isCompleteTensor()
-        )
-        out = outputs[0]
-        out_shape = tuple(_shape(out)) if out.type().kind() == "TensorType" and out.isCompleteTensor() else ()
-        count = int(round(float(macs)))  # type: ignore[arg-type]  # fvcore handles return int or float
-        mask = ""
-        if op in SDPA_OPS or (origin == "activation" and is_product(op)):
-            mask = ctx.masks.label(op, inputs, outputs, operands)
-        product = is_product(op) or op in SDPA_OPS
-        sources = tuple(ctx.sources([v]) for v in operands if v.type().kind() == "TensorType") if product else ()
-        weights = sum(math.prod(_shape(v)) for v, found in each if found == "param" and v.isCompleteTensor())
+        masked = op in SDPA_OPS or (origin == "activation" and is_product(op))
+        product, out = is_product(op) or op in SDPA_OPS, outputs[0]
         ctx.records.append(OpRecord(
-            op=op, scope=_scope_of(out.node()), macs=count, origin=origin, shapes=shapes, out_shape=out_shape,
-            mask=mask, sources=sources, weights=weights,
+            op=op, scope=_scope_of(out.node()), macs=int(round(float(macs))),  # type: ignore[arg-type]  # int or float
+            origin=origin, shapes=tuple(tuple(_shape(v)) for v in tensors if v.isCompleteTensor()),
+            out_shape=tuple(_shape(out)) if _is_tensor(out) and out.isCompleteTensor() else (),
+            mask=ctx.masks.label(op, inputs, outputs, operands) if masked else "",
+            sources=tuple(ctx.sources([v]) for v in tensors) if product else (),
+            weights=sum(math.prod(_shape(v)) for v, found in zip(tensors, origins) if found == "param"
+                        and v.isCompleteTensor()),
             keeps=traced_keeps(out.node().sourceRange()) if op in SDPA_OPS else None,  # a FlexAttention core's
         ))
         if product:
@@ -258,17 +242,6 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
 
 def _is_tensor(value: Any) -> bool:
     return value.type().kind() == "TensorType"
-
-
-def _argument_positions(op: str) -> dict[str, int]:
-    """Argument name -> position in the op's schema (first overload); {} if unknown."""
-    namespace, _, name = op.partition("::")
-    try:
-        packet = getattr(getattr(torch.ops, namespace), name)
-        schema = getattr(packet, packet.overloads()[0])._schema
-    except Exception:  # noqa: BLE001 - an op torch does not know by that name
-        return {}
-    return {argument.name: i for i, argument in enumerate(schema.arguments)}
 
 
 class _GraphMasks:
@@ -300,13 +273,9 @@ class _GraphMasks:
             name = self.ctx.state_name(value)
             result = self.ctx.buffer_masks.get(name) if name is not None else None
         elif depth < 32:
-            ins = []
-            for item in node.inputs():
-                if item.node().kind() == "prim::Constant" or not _is_tensor(item):
-                    ins.append(self.abstract(item))
-                else:
-                    ins.append(self.pattern(item, depth + 1))
-            result = mask_transfer(short(node.kind()), ins)
+            result = mask_transfer(short(node.kind()), [
+                self.abstract(item) if item.node().kind() == "prim::Constant" or not _is_tensor(item)
+                else self.pattern(item, depth + 1) for item in node.inputs()])
         self.memo[key] = result
         return result
 
@@ -359,7 +328,7 @@ class _GraphMasks:
 
     def label(self, op: str, inputs: list[Any], outputs: list[Any], operands: list[Any]) -> str:
         if op in SDPA_OPS:
-            positions = _argument_positions(op)
+            positions = {name: i for i, name in enumerate(masks.argument_names(op))}
             causal_at = positions.get("is_causal", len(inputs))
             mask_at = positions.get("attn_mask", positions.get("attn_bias", len(inputs)))
             is_causal: Any = False
@@ -402,7 +371,7 @@ class _Harness(nn.Module):
             module.register_forward_hook(self._keep)
 
     def _keep(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        tensor_leaves(output, self._seen)
+        self._seen += tensor_leaves(output)
 
     def trace_inputs(self) -> tuple[torch.Tensor, ...]:
         return tuple(self._leaves[i] for i in self._positions)
@@ -413,8 +382,7 @@ class _Harness(nn.Module):
             leaves[position] = tensor
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
         self._seen = []
-        outputs: list[torch.Tensor] = []
-        tensor_leaves(self.model(*args, **kwargs), outputs)
+        outputs = tensor_leaves(self.model(*args, **kwargs))
         self.n_outputs = len(outputs)  # the model's own; the submodules' follow
         return tuple(outputs + self._seen)
 

@@ -200,16 +200,13 @@ def real_twin(model: nn.Module) -> nn.Module:
     return clone
 
 
-def tensor_leaves(value: Any, out: list[torch.Tensor]) -> None:
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors in *value*, through dicts, tuples and lists (anything else, a DynamicCache, carries no count)."""
     if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            tensor_leaves(item, out)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            tensor_leaves(item, out)
-    # anything else (DynamicCache, None, strings) carries no count and is dropped
+        return [value]
+    if isinstance(value, (Mapping, tuple, list)):
+        return [t for item in (value.values() if isinstance(value, Mapping) else value) for t in tensor_leaves(item)]
+    return []
 
 
 def unwrap(model: nn.Module) -> nn.Module:
