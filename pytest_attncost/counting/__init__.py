@@ -120,11 +120,8 @@ def _count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str,
 
 def _fallback(target: nn.Module, built: Built, first: CountError, masks: Mapping[str, Any] | None,
               n: int | None) -> tuple[RawCount, bool]:
-    """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n.
-
-    Real tensors are the user's own inputs as given (so data-dependent branches take the path
-    those inputs take); default inputs become zero-filled tensors of their shapes.
-    """
+    """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n: the user's
+    own inputs as given (data-dependent branches take their path), or default inputs filled with zeros."""
     args, kwargs = built.call()
     try:
         return fresh_count(target, args, kwargs, masks), False

@@ -91,20 +91,14 @@ def _quantized_linear_flops(x: Any, packed: Any, *args: Any, out_val: Any = None
 def _extra_formulas() -> dict[Any, Callable[..., int]]:
     """What torch's registry lacks: sdpa kernels it does not know, and the products the op table says the torch
     backend counts from the table or by a formula of ours."""
-    table: dict[Any, Callable[..., int]] = {}
-    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable"):
-        for suffix, formula in (("", _sdpa_flops), ("_backward", _sdpa_backward_flops)):
-            packet = getattr(torch.ops.aten, name + suffix, None)
-            if packet is not None:
-                table[packet] = formula
+    sdpa = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable")
+    kernels: tuple[tuple[str, Callable[..., int]], ...] = (("", _sdpa_flops), ("_backward", _sdpa_backward_flops))
+    wanted = {f"aten::{name}{suffix}": formula for name in sdpa for suffix, formula in kernels}
+    wanted |= {op: _from_table(op) for op in ops.counted_by("torch", ops.TABLE)}
     ours = {"quantized": _quantized_linear_flops}  # the op table's products counted by a formula of ours, by namespace
-    for how in (ops.TABLE, ops.OURS):
-        for op in ops.counted_by("torch", how):
-            namespace, _, name = op.partition("::")
-            packet = getattr(getattr(torch.ops, namespace), name, None)  # optional ops: _grouped_mm is torch >= 2.8
-            if packet is not None:
-                table[packet] = _from_table(op) if how == ops.TABLE else ours[namespace]
-    return table
+    wanted |= {op: ours[op.partition("::")[0]] for op in ops.counted_by("torch", ops.OURS)}
+    packets = {op: getattr(getattr(torch.ops, op.partition("::")[0]), op.partition("::")[2], None) for op in wanted}
+    return {packets[op]: formula for op, formula in wanted.items() if packets[op] is not None}  # _grouped_mm: >= 2.8
 
 
 #: Products whose records the mask rule reads: those whose two matrix operands the op table knows.
@@ -207,7 +201,7 @@ class _TorchRecorder:
             self.reach[alias] = frozenset(moved_to(sorted(self.reach.get(tensor, _NOTHING))))
             return alias
 
-        return pytree.tree_map(lambda leaf: output(leaf) if isinstance(leaf, torch.Tensor) else leaf, run.calls[1][2])
+        return pytree.tree_map_only(torch.Tensor, output, run.calls[1][2])
 
     def check_copies(self, records: list[OpRecord]) -> None:
         """The first two layers alike, and every copy equal to the second layer as it finally stands."""
@@ -290,10 +284,9 @@ class _TorchRecorder:
         if op in FUSED_ATTENTION_OPS:
             named = {**dict(zip(masks.argument_names(op), args)), **kwargs}
             mask = named.get("attn_mask", named.get("attn_bias"))
-            self.labels[index] = [sdpa_label(
-                named.get("is_causal", False), isinstance(mask, torch.Tensor),
-                self.masks.abstract(mask) if isinstance(mask, torch.Tensor) else None,
-                isinstance(mask, torch.Tensor) and mask.dtype == torch.bool)]
+            given = isinstance(mask, torch.Tensor)  # (an argument not given is read as none)
+            self.labels[index] = [sdpa_label(named.get("is_causal", False), given, self.masks.abstract(mask),
+                                             given and mask.dtype == torch.bool)]
         elif origin == "activation" and op in _MASKED_PRODUCTS:
             operands = [args[i] for i in _MASKED_PRODUCTS[op] if i < len(args)]
             upstream = [self.flows[t] for t in operands if isinstance(t, torch.Tensor) and t in self.flows]
@@ -362,18 +355,17 @@ class _TorchRecorder:
                reached: frozenset[int]) -> None:
         """Follow the data (which products reach each tensor), mask patterns, attention scores and parameters
         through the forward ops."""
-        for tensor in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(tensor, torch.Tensor) and (reached or tensor in self.reach):
-                # values only: a mask or an index carries no product's result
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+        for tensor in outs:
+            if reached or tensor in self.reach:  # values only: a mask or an index carries no product's result
                 self.reach[tensor] = reached if tensor.is_floating_point() or tensor.is_complex() else _NOTHING
         first = out[0] if isinstance(out, (tuple, list)) and out else out
         if not isinstance(first, torch.Tensor):
             return
         name = short(op)
         if name in VIEW_OPS and self.origin([a for a in args if isinstance(a, torch.Tensor)][:1]) == "param":
-            for tensor in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(tensor, torch.Tensor):
-                    self.derived[tensor] = True
+            for tensor in outs:
+                self.derived[tensor] = True
         flow_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a in self.flows]
         name = score_op(name)
         if flow_positions:
@@ -525,9 +517,7 @@ def _memo_mode() -> type:
     return _MemoFakeTensorMode
 
 
-def _fake(mode: Any, leaf: Any, made: dict[int, Any]) -> Any:
-    if not isinstance(leaf, torch.Tensor):
-        return leaf
+def _fake(mode: Any, leaf: torch.Tensor, made: dict[int, Any]) -> Any:
     if one_run.swept(leaf):  # sizes of swept lengths: a fake tensor made anew (from_tensor wants a ShapeEnv),
         if id(leaf) not in made:  # once per tensor, as from_tensor does: MHA's (x, x, x) stays one tensor
             with mode:
@@ -549,24 +539,21 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
         with no_global_hooks(), torch.random.fork_rng(devices=[]), meta_autocast(), compiling, mode:
             if fake:
                 made: dict[int, Any] = {}
-                args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf, made), (args, kwargs))
+                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda leaf: _fake(mode, leaf, made), (args, kwargs))
             with counter, torch.set_grad_enabled(train), _Einsums(recorder), flex.into_records(recorder.records):
                 output = model(*args, **kwargs)
                 if train:
                     grads = [t for t in tensor_leaves(output) if t.requires_grad and t.is_floating_point()]
                     if not grads:
                         raise CountError("train mode needs an output that requires grad; none did")
-                    loss = torch.stack([t.sum() for t in grads]).sum()
-                    loss.backward()
-    except CountError:
-        if recorder.repeats is not None and recorder.repeats.stub_of():
-            raise NotRepeating from None
-        raise
+                    torch.stack([t.sum() for t in grads]).sum().backward()
     except RecursionError:  # the user's forward recursing without end: their error, no other counter tried
         raise
     except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue
         if recorder.repeats is not None and recorder.repeats.stub_of():
-            raise NotRepeating from exc
+            raise NotRepeating from (None if isinstance(exc, CountError) else exc)
+        if isinstance(exc, CountError):
+            raise
         reason = f"{type(exc).__name__}: {exc}".strip()[:600]
         where = "on fake tensors" if fake else "on real tensors"
         raise CountError(f"torch's FlopCounterMode could not run {type(model).__name__} {where}{site(exc, model)}: "

@@ -110,11 +110,9 @@ class _TraceContext:
         while stack:  # iterative: a residual stream is a long chain of additions
             value = stack[-1]
             key = value.debugName()
-            if key in memo:
-                stack.pop()
-                continue
-            if key in self.produced:
+            if key in self.produced and key not in memo:
                 memo[key] = frozenset((self.produced[key],))
+            if key in memo:
                 stack.pop()
                 continue
             node = value.node()
@@ -253,15 +251,12 @@ class _GraphMasks:
 
     def abstract(self, value: Any) -> Any:
         """A constant, a Pattern, or None."""
-        node = value.node()
-        if node.kind() == "prim::Constant":
+        if value.node().kind() == "prim::Constant":
             try:
                 return value.toIValue()
             except Exception:  # noqa: BLE001 - a constant the binding cannot convert
                 return None
-        if not _is_tensor(value):
-            return None
-        return self.pattern(value)
+        return self.pattern(value) if _is_tensor(value) else None
 
     def pattern(self, value: Any, depth: int = 0) -> Pattern | None:
         key = value.debugName()
@@ -280,8 +275,7 @@ class _GraphMasks:
         return result
 
     def masking(self, node: Any, flow: int) -> str:
-        ins = [self.abstract(v) for v in node.inputs()]
-        return masking_label(score_op(short(node.kind())), ins, flow)
+        return masking_label(score_op(short(node.kind())), [self.abstract(v) for v in node.inputs()], flow)
 
     def after(self, value: Any, depth: int = 0) -> list[str]:
         """Labels of the masks applied to scores *value* on their way forward (QK^T -> softmax)."""
@@ -311,19 +305,15 @@ class _GraphMasks:
             return [], bool(operands) and all(self.ctx.origin_of(v) == "activation" for v in operands)
         if op in SCORE_MASKING:
             inputs = list(node.inputs())
-            candidates = [0] if op == "masked_fill" else [0, 1] if op == "add" else [1, 2] if op == "where" else []
-            for flow in candidates:
+            for flow in {"masked_fill": [0], "add": [0, 1], "where": [1, 2]}[op]:
                 if flow < len(inputs) and _is_tensor(inputs[flow]) and inputs[flow].node().kind() != "prim::Constant":
                     labels, scores = self.before(inputs[flow], depth + 1)
                     if scores:
                         return [self.masking(node, flow), *labels], True
             return [], False
-        if op in SCORE_PASS:
-            inputs = [v for v in node.inputs() if _is_tensor(v) and v.node().kind() != "prim::Constant"]
-            if not inputs:
-                return [], False
-            main = max(inputs, key=lambda v: len(_shape(v)) if v.isCompleteTensor() else 0)
-            return self.before(main, depth + 1)
+        inputs = [v for v in node.inputs() if _is_tensor(v) and v.node().kind() != "prim::Constant"]
+        if op in SCORE_PASS and inputs:
+            return self.before(max(inputs, key=lambda v: len(_shape(v)) if v.isCompleteTensor() else 0), depth + 1)
         return [], False
 
     def label(self, op: str, inputs: list[Any], outputs: list[Any], operands: list[Any]) -> str:
@@ -341,30 +331,22 @@ class _GraphMasks:
                 return sdpa_label(is_causal, False, None, None)
             scalar = mask_value.type().scalarType()
             return sdpa_label(is_causal, True, self.pattern(mask_value), scalar == "Bool")
-        labels: list[str] = []
-        from_scores = False  # an operand holds scores or probabilities: this is AV, not QK^T
-        for operand in operands:
-            found, scores = self.before(operand)
-            labels += found
-            from_scores = from_scores or scores
-        if not from_scores and outputs:
+        found = [self.before(operand) for operand in operands]
+        labels = [label for applied, _ in found for label in applied]
+        if not any(scores for _, scores in found) and outputs:  # no operand holds scores or probabilities: QK^T
             labels += self.after(outputs[0])
         return combine(labels)
 
 
 class _Harness(nn.Module):
-    """Calls the twin with the user's args and kwargs; returns flat tensors the tracer accepts.
-
-    Every submodule's tensor outputs are returned as well, so that the tracer's
-    dead-code elimination keeps work whose result the model itself drops.
-    """
+    """Calls the twin with the user's args and kwargs; returns flat tensors the tracer accepts: every submodule's
+    tensor outputs too, so that the tracer's dead-code elimination keeps work whose result the model drops."""
 
     def __init__(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         super().__init__()
         self.model = model
-        leaves, self._spec = pytree.tree_flatten((args, kwargs))
-        self._leaves = leaves
-        self._positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        self._leaves, self._spec = pytree.tree_flatten((args, kwargs))
+        self._positions = [i for i, leaf in enumerate(self._leaves) if isinstance(leaf, torch.Tensor)]
         self._seen: list[torch.Tensor] = []
         self.n_outputs = 0
         for module in model.modules():
@@ -404,7 +386,7 @@ def _counting_environment() -> Iterator[None]:
 
 
 def _fvcore() -> tuple[type, Mapping[str, Handle]]:
-    """fvcore's FlopCountAnalysis and its own handles (imported here, at the count: see test_cli_subcommands)."""
+    """fvcore's FlopCountAnalysis and its own handles, imported when a count runs."""
     with warnings.catch_warnings():
         # fvcore scripts a function at import time, which torch 2.13 deprecates.
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -437,9 +419,8 @@ def count_forward(
 
 def _all_meta(model: nn.Module, values: Any) -> bool:
     """No values anywhere: nothing a layer does can depend on data."""
-    tensors = [*model.parameters(), *model.buffers(),
-               *(leaf for leaf in pytree.tree_leaves(values) if isinstance(leaf, torch.Tensor))]
-    return all(t.is_meta for t in tensors)
+    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves(values)]
+    return all(t.is_meta for t in leaves if isinstance(t, torch.Tensor))
 
 
 def _count_forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -461,10 +442,9 @@ _OUTPUTS = "<outputs>"  # the model's outputs, last: what reaches them (sources 
 
 
 def _aliased_output(run: Run, name: str) -> Any:
-    # aten::alias leaves a node in the graph at this call, in this layer's scope: the marker
-    # where the copied records go (and a view, so origins and masks pass through it).
-    return pytree.tree_map(lambda leaf: torch.ops.aten.alias(leaf) if isinstance(leaf, torch.Tensor) else leaf,
-                           run.calls[1][2])
+    """aten::alias leaves a node in the graph at this call, in this layer's scope: the marker where the copied
+    records go (and a view, so origins and masks pass through it)."""
+    return pytree.tree_map_only(torch.Tensor, torch.ops.aten.alias, run.calls[1][2])
 
 
 # Where torch implements an op's meta kernel in Python (torch < 2.9: convolutions), the jit trace on the
@@ -531,23 +511,20 @@ def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], buff
         new_trace()
         try:
             total = analysis.total()
-        except CountError:
-            if repeats is not None and repeats.stub_of():
-                raise NotRepeating from None
-            raise
         except RecursionError:  # the user's forward recursing without end: their error, no other counter tried
             raise
         except Exception as exc:  # noqa: BLE001 - the tracer's reason is the user's best clue
             if repeats is not None and repeats.stub_of():
-                raise NotRepeating from exc
+                raise NotRepeating from (None if isinstance(exc, CountError) else exc)
+            if isinstance(exc, CountError):
+                raise
             raise _untraceable(model, exc) from exc
         unsupported = Counter({op: int(c) for op, c in analysis.unsupported_ops().items()})
         by_module_raw = analysis.by_module()
         if repeats is not None:
             repeats.check()
-            for name in repeats.stub_of():
-                second = repeats.stub_of()[name].names[1]
-                unsupported.update(analysis.unsupported_ops(f"model.{second}"))
+            for run in repeats.stub_of().values():
+                unsupported.update(analysis.unsupported_ops(f"model.{run.names[1]}"))
     unsupported.update(aliases)
     # "" is the harness; "model" is the same total, the user's model
     by_module = {"" if name == "model" else name[len("model."):]: int(value)
@@ -560,10 +537,8 @@ def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], buff
     *records, returns = records
     classes = {name: type(module).__name__ for name, module in model.named_modules()}
     copied = tuple(repeats.stub_of()) if repeats is not None else ()
-    return RawCount(
-        total=int(total), records=records, unsupported_ops=unsupported, by_module=by_module, module_names=classes,
-        copied_layers=copied, outputs=returns.sources,
-    )
+    return RawCount(total=int(total), records=records, unsupported_ops=unsupported, by_module=by_module,
+                    module_names=classes, copied_layers=copied, outputs=returns.sources)
 
 
 def _untraceable(model: nn.Module, exc: Exception) -> CountError:

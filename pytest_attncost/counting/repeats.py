@@ -134,9 +134,8 @@ class Repeats:
     def _plan(self, model: nn.Module, masks: Mapping[str, Pattern] | None) -> None:
         planned: list[str] = []
         for name, container in model.named_modules():
-            if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-                continue
-            if any(name == p or name.startswith(p + ".") for p in planned):
+            if not isinstance(container, (nn.ModuleList, nn.Sequential)) or any(
+                    name == p or name.startswith(p + ".") for p in planned):
                 continue
             children = list(container.named_children())
             if len(children) < 3 or len({id(m) for _, m in children}) != len(children):
@@ -178,11 +177,11 @@ class Repeats:
             by_module.setdefault(sub_name, set()).add(key)
         for layer in run.modules[:2]:
             for sub_name, keys in by_module.items():
-                self._watch(layer.get_submodule(sub_name) if sub_name else layer, frozenset(keys))
+                self._watch(layer.get_submodule(sub_name), frozenset(keys))  # "": the layer itself
         for index, (name, layer) in enumerate(zip(run.names, run.modules)):
             forward = layer.forward
-            wrapper = self._traced(run, index, forward) if index < 2 else self._stub(run, name, forward)
-            layer.forward = wrapper  # type: ignore[method-assign]
+            layer.forward = (  # type: ignore[method-assign]
+                self._traced(run, index, forward) if index < 2 else self._stub(run, name, forward))
             self._undo.append(functools.partial(layer.__dict__.pop, "forward", None))
 
     def _watch(self, module: nn.Module, keys: frozenset[str]) -> None:
@@ -257,37 +256,27 @@ class Repeats:
             return False  # nested calls, or the second layer called another way
         if run.chained is None:
             moving = [i for i, (a, b) in enumerate(zip(leaves0, leaves1)) if a is not b]
-            if len(moving) != 1 or not isinstance(leaves1[moving[0]], torch.Tensor):
-                return False
-            if any(leaves1[moving[0]] is leaf for leaf in leaves0):
-                return False
-            if not all(_same(a, b) for a, b in zip(leaves0, leaves1)
-                       if not isinstance(a, torch.Tensor) and a is not b):
+            if (len(moving) != 1 or not isinstance(leaves1[moving[0]], torch.Tensor)
+                    or any(leaves1[moving[0]] is leaf for leaf in leaves0)
+                    or not all(_same(a, b) for a, b in zip(leaves0, leaves1)
+                               if not isinstance(a, torch.Tensor) and a is not b)):
                 return False
             run.chained = moving[0]
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if spec != spec1:
             return False
-        for position, (mine, theirs) in enumerate(zip(leaves, leaves1)):
-            if position != run.chained:
-                if not (mine is theirs or not isinstance(theirs, torch.Tensor) and _same(mine, theirs)):
-                    return False
-                continue
-            if not (type(mine) is type(theirs) and mine.shape == theirs.shape and mine.dtype == theirs.dtype
-                    and mine.device == theirs.device and mine.stride() == theirs.stride()
-                    and mine.requires_grad == theirs.requires_grad and mine.layout == theirs.layout):
-                return False
-        return True
+        mine, theirs = leaves[run.chained], leaves1[run.chained]
+        return (all(a is b or not isinstance(b, torch.Tensor) and _same(a, b)
+                    for position, (a, b) in enumerate(zip(leaves, leaves1)) if position != run.chained)
+                and type(mine) is type(theirs) and mine.shape == theirs.shape and mine.dtype == theirs.dtype
+                and mine.device == theirs.device and mine.stride() == theirs.stride()
+                and mine.requires_grad == theirs.requires_grad and mine.layout == theirs.layout)
 
     def check(self) -> None:
         """After the count: raise NotRepeating if a copy made cannot stand."""
-        if not any(run.replicated for run in self.runs):
-            return
-        if self.read or self.broken:
+        replicated = [run for run in self.runs if run.replicated]
+        if replicated and (self.read or self.broken or any(len(run.calls) != 2 for run in replicated)):
             raise NotRepeating
-        for run in self.runs:
-            if run.replicated and len(run.calls) != 2:
-                raise NotRepeating
 
 
 def rename(scope: str, old: str, new: str) -> str | None:
@@ -337,9 +326,8 @@ def passes_through(records: list[OpRecord], first: list[int], second: list[int])
 
 @dataclass(frozen=True)
 class Copy:
-    """Where a copy made of a run's second layer stands (record indices): the first layer's records, the second's,
-    the run's layers up to the copy in order (*before*), the copy's own (*at*), and whether the layers pass their
-    input on (:func:`passes_through`)."""
+    """Where a copy made of a run's second layer stands, in record indices: the first layer's, the second's, the
+    run's layers up to the copy (*before*), the copy's own (*at*); whether the layers pass their input on."""
 
     first: list[int]
     second: list[int]
@@ -348,12 +336,9 @@ class Copy:
     passes: bool
 
     def transported(self, sources: Sequence[int], elsewhere: Callable[[int], Sequence[int]]) -> tuple[int, ...]:
-        """What the second layer took from *sources*, as the copy takes it.
-
-        From inside the second layer: from the copy, position for position. From the first layer (the one
-        before the second): from the layer before the copy, and where the layers pass their input on, from every
-        layer before it as the full trace finds them. Anything else through *elsewhere*.
-        """
+        """What the second layer took from *sources*, as the copy takes it: from inside the second layer, from the
+        copy, position for position; from the first, from the layer before the copy, or, where the layers pass their
+        input on, from every layer before it (as the full trace finds them); anything else through *elsewhere*."""
         in_second, in_first = {i: k for k, i in enumerate(self.second)}, {i: k for k, i in enumerate(self.first)}
         found: set[int] = set()
         for s in sources:
