@@ -501,14 +501,13 @@ def _memo_mode() -> type:
 
         def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             key = self.memo.key(func, args, kwargs)
-            if key is not None:
-                found = self.memo.made.get(key)
-                if found is not None:
-                    many, outs = found
-                    with self:
-                        made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                                     for shape, stride, dtype, device in outs)
-                    return made if many else made[0]
+            found = None if key is None else self.memo.made.get(key)
+            if found is not None:
+                many, outs = found
+                with self:
+                    made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                                 for shape, stride, dtype, device in outs)
+                return made if many else made[0]
             out = super().dispatch(func, types, args, kwargs)
             if key is not None:
                 self.memo.keep(key, out, pytree.tree_leaves((args, kwargs)))

@@ -318,19 +318,13 @@ class _GraphMasks:
 
     def label(self, op: str, inputs: list[Any], outputs: list[Any], operands: list[Any]) -> str:
         if op in SDPA_OPS:
-            positions = {name: i for i, name in enumerate(masks.argument_names(op))}
-            causal_at = positions.get("is_causal", len(inputs))
-            mask_at = positions.get("attn_mask", positions.get("attn_bias", len(inputs)))
-            is_causal: Any = False
-            if causal_at < len(inputs):
-                flag = inputs[causal_at]
-                # a flag computed in the trace (not a constant) cannot be told
-                is_causal = self.abstract(flag) if flag.node().kind() == "prim::Constant" else ops.MASK_UNKNOWN
-            mask_value = inputs[mask_at] if mask_at < len(inputs) else None
-            if mask_value is None or mask_value.node().kind() == "prim::Constant" or not _is_tensor(mask_value):
+            named = dict(zip(masks.argument_names(op), inputs))
+            flag, mask = named.get("is_causal"), named.get("attn_mask", named.get("attn_bias"))
+            is_causal = (False if flag is None else self.abstract(flag) if flag.node().kind() == "prim::Constant"
+                         else ops.MASK_UNKNOWN)  # a flag computed in the trace (not a constant) cannot be told
+            if mask is None or mask.node().kind() == "prim::Constant" or not _is_tensor(mask):
                 return sdpa_label(is_causal, False, None, None)
-            scalar = mask_value.type().scalarType()
-            return sdpa_label(is_causal, True, self.pattern(mask_value), scalar == "Bool")
+            return sdpa_label(is_causal, True, self.pattern(mask), mask.type().scalarType() == "Bool")
         found = [self.before(operand) for operand in operands]
         labels = [label for applied, _ in found for label in applied]
         if not any(scores for _, scores in found) and outputs:  # no operand holds scores or probabilities: QK^T
@@ -470,8 +464,7 @@ def _handles(analysis: Any, ctx: _TraceContext, harness: _Harness, default_ops: 
              repeats: Repeats | None) -> tuple[list[tuple[int, ...]], Counter[str]]:
     """Install the handles on *analysis*: every counted op recorded, what reaches the model's outputs kept
     (returned), and with *repeats* the marker of each copied layer (aliases: the model's own)."""
-    handles = {**default_ops, **EXTRA_HANDLES}
-    analysis.set_op_handle(**{op: _recording(op, handle, ctx) for op, handle in handles.items()})
+    analysis.set_op_handle(**{op: _recording(op, h, ctx) for op, h in {**default_ops, **EXTRA_HANDLES}.items()})
     returned: list[tuple[int, ...]] = []  # per output of the model
 
     def outputs_of(inputs: list[Any], outputs: list[Any]) -> int:

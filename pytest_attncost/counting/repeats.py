@@ -93,10 +93,8 @@ def _settings(module: nn.Module) -> tuple[Any, dict[tuple[str, str], Any]]:
         buffers = tuple((k, None if b is None else (type(b), tuple(b.shape), b.dtype, b.device.type))
                         for k, b in sub._buffers.items())
         structure.append((name, type(sub), params, buffers))
-        for key, value in vars(sub).items():
-            if key in ("_parameters", "_buffers", "_modules") or "hook" in key:
-                continue
-            settings[(name, key)] = value
+        settings.update({(name, key): value for key, value in vars(sub).items()
+                         if key not in ("_parameters", "_buffers", "_modules") and "hook" not in key})
     return tuple(structure), settings
 
 
