@@ -104,10 +104,8 @@ def _count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str,
     train = request.mode == "train"
     backend = "torch" if train else request.backend  # a backward needs the dispatcher's counter
     try:
-        if backend == "fvcore":
-            raw = count_forward(twin, *built.call(), buffer_masks=masks)
-        else:
-            raw = count_forward_torch(twin, *built.call(), train=train, buffer_masks=masks)
+        raw = (count_forward(twin, *built.call(), buffer_masks=masks) if backend == "fvcore"
+               else count_forward_torch(twin, *built.call(), train=train, buffer_masks=masks))
     except CountError as exc:
         if backend != "fvcore" or not request.fallback:
             raise
