@@ -84,8 +84,7 @@ def _sdpa_backward_flops(grad_out: Any, query: Any, key: Any, value: Any, *args:
 
 
 def _quantized_linear_flops(x: Any, packed: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-    weight = packed.unpack()[0]  # [out, in]
-    return 2 * x.numel() * weight.shape[0]
+    return 2 * x.numel() * packed.unpack()[0].shape[0]  # the weight: [out, in]
 
 
 def _extra_formulas() -> dict[Any, Callable[..., int]]:

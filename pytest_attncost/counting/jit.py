@@ -131,8 +131,7 @@ class _TraceContext:
 
     def made(self, index: int, outputs: list[Any]) -> None:
         """The outputs of a product (record *index*): where the walk back from a later operand stops."""
-        for value in outputs:
-            self.produced[value.debugName()] = index
+        self.produced.update((value.debugName(), index) for value in outputs)
 
     def _state(self, value: Any) -> int | None:
         """The index in the state of a graph input that is state (None: one of the user's inputs)."""
