@@ -527,20 +527,19 @@ def _fake(mode: Any, leaf: torch.Tensor, made: dict[int, Any]) -> Any:
 
 def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
                recorder: _TorchRecorder) -> RawCount:
-    train, fake = how.train, how.fake
     counter = _torch_counter(recorder)
-    mode = _mode(fake, fake and one_run.swept((args, kwargs)))
+    mode = _mode(how.fake, how.fake and one_run.swept((args, kwargs)))
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        compiling = as_if_compiling() if fake else contextlib.nullcontext()
+        compiling = as_if_compiling() if how.fake else contextlib.nullcontext()
         with no_global_hooks(), torch.random.fork_rng(devices=[]), meta_autocast(), compiling, mode:
-            if fake:
+            if how.fake:
                 made: dict[int, Any] = {}
                 args, kwargs = pytree.tree_map_only(torch.Tensor, lambda leaf: _fake(mode, leaf, made), (args, kwargs))
-            with counter, torch.set_grad_enabled(train), _Einsums(recorder), flex.into_records(recorder.records):
+            with counter, torch.set_grad_enabled(how.train), _Einsums(recorder), flex.into_records(recorder.records):
                 output = model(*args, **kwargs)
-                if train:
+                if how.train:
                     grads = [t for t in tensor_leaves(output) if t.requires_grad and t.is_floating_point()]
                     if not grads:
                         raise CountError("train mode needs an output that requires grad; none did")
@@ -553,7 +552,7 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
         if isinstance(exc, CountError):
             raise
         reason = f"{type(exc).__name__}: {exc}".strip()[:600]
-        where = "on fake tensors" if fake else "on real tensors"
+        where = "on fake tensors" if how.fake else "on real tensors"
         raise CountError(f"torch's FlopCounterMode could not run {type(model).__name__} {where}{site(exc, model)}: "
                          f"{reason}\nFix: {hint(reason)}.") from exc
     finally:

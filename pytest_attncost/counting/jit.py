@@ -521,8 +521,7 @@ def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], buff
     # "" is the harness; "model" is the same total, the user's model
     by_module = {"" if name == "model" else name[len("model."):]: int(value)
                  for name, value in by_module_raw.items() if name}
-    records = ctx.records
-    ctx.records.append(OpRecord(_OUTPUTS, "", 0, "activation", (), sources=tuple(returned)))
+    records = [*ctx.records, OpRecord(_OUTPUTS, "", 0, "activation", (), sources=tuple(returned))]
     if repeats is not None and repeats.stub_of():
         records, extra = _expand_markers(records, repeats, by_module)
         total += extra
