@@ -104,10 +104,8 @@ def _count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str,
     train = request.mode == "train"
     backend = "torch" if train else request.backend  # a backward needs the dispatcher's counter
     try:
-        if backend == "fvcore":
-            raw = count_forward(twin, *built.call(), buffer_masks=masks)
-        else:
-            raw = count_forward_torch(twin, *built.call(), train=train, buffer_masks=masks)
+        raw = (count_forward(twin, *built.call(), buffer_masks=masks) if backend == "fvcore"
+               else count_forward_torch(twin, *built.call(), train=train, buffer_masks=masks))
     except CountError as exc:
         if backend != "fvcore" or not request.fallback:
             raise
@@ -120,11 +118,8 @@ def _count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str,
 
 def _fallback(target: nn.Module, built: Built, first: CountError, masks: Mapping[str, Any] | None,
               n: int | None) -> tuple[RawCount, bool]:
-    """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n.
-
-    Real tensors are the user's own inputs as given (so data-dependent branches take the path
-    those inputs take); default inputs become zero-filled tensors of their shapes.
-    """
+    """fvcore could not trace: count with FlopCounterMode on fake tensors, else on real ones at small n: the user's
+    own inputs as given (data-dependent branches take their path), or default inputs filled with zeros."""
     args, kwargs = built.call()
     try:
         return fresh_count(target, args, kwargs, masks), False

@@ -29,9 +29,9 @@ from .. import one_run, ops
 from ..errors import CountError, hint, site
 from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
-from . import flex
+from . import flex, masks
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, score_op, sdpa_label
-from .repeats import SHORTCUT, NotRepeating, Repeats, Run, alike, copied, passes_through, transported
+from .repeats import SHORTCUT, Copy, NotRepeating, Repeats, Run, alike, copied, passes_through
 from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["at_lengths", "count_forward_torch", "module_totals"]
@@ -84,27 +84,20 @@ def _sdpa_backward_flops(grad_out: Any, query: Any, key: Any, value: Any, *args:
 
 
 def _quantized_linear_flops(x: Any, packed: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-    weight = packed.unpack()[0]  # [out, in]
-    return 2 * x.numel() * weight.shape[0]
+    return 2 * x.numel() * packed.unpack()[0].shape[0]  # the weight: [out, in]
 
 
 def _extra_formulas() -> dict[Any, Callable[..., int]]:
     """What torch's registry lacks: sdpa kernels it does not know, and the products the op table says the torch
     backend counts from the table or by a formula of ours."""
-    table: dict[Any, Callable[..., int]] = {}
-    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable"):
-        for suffix, formula in (("", _sdpa_flops), ("_backward", _sdpa_backward_flops)):
-            packet = getattr(torch.ops.aten, name + suffix, None)
-            if packet is not None:
-                table[packet] = formula
+    sdpa = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable")
+    kernels: tuple[tuple[str, Callable[..., int]], ...] = (("", _sdpa_flops), ("_backward", _sdpa_backward_flops))
+    wanted = {f"aten::{name}{suffix}": formula for name in sdpa for suffix, formula in kernels}
+    wanted |= {op: _from_table(op) for op in ops.counted_by("torch", ops.TABLE)}
     ours = {"quantized": _quantized_linear_flops}  # the op table's products counted by a formula of ours, by namespace
-    for how in (ops.TABLE, ops.OURS):
-        for op in ops.counted_by("torch", how):
-            namespace, _, name = op.partition("::")
-            packet = getattr(getattr(torch.ops, namespace), name, None)  # optional ops: _grouped_mm is torch >= 2.8
-            if packet is not None:
-                table[packet] = _from_table(op) if how == ops.TABLE else ours[namespace]
-    return table
+    wanted |= {op: ours[op.partition("::")[0]] for op in ops.counted_by("torch", ops.OURS)}
+    packets = {op: getattr(getattr(torch.ops, op.partition("::")[0]), op.partition("::")[2], None) for op in wanted}
+    return {packets[op]: formula for op, formula in wanted.items() if packets[op] is not None}  # _grouped_mm: >= 2.8
 
 
 #: Products whose records the mask rule reads: those whose two matrix operands the op table knows.
@@ -114,34 +107,20 @@ _MASKED_PRODUCTS = {op: product.operands for op, product in PRODUCTS.items() if 
 _NOTHING: frozenset[int] = frozenset()
 
 
-def _named_args(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The op's arguments by their schema names (first overload)."""
-    try:
-        overload = getattr(packet, packet.overloads()[0])
-        names = [argument.name for argument in overload._schema.arguments]
-    except Exception:  # noqa: BLE001 - no schema: positional only
-        return dict(kwargs)
-    return {**dict(zip(names, args)), **kwargs}
-
-
 class _TorchRecorder:
     """Scopes, origins, masks and records for :func:`count_forward_torch`.
 
-    Forward ops take the scope of the innermost module being called. Every backward op runs
-    under an autograd node created by a forward op: it takes that forward record's scope,
-    origin and mask (the weight gradient of a Linear is a product of that Linear's parameter;
-    the gradients of QK^T and AV are products of activations, under the same mask). Nodes
-    without a counted forward op take the innermost module whose call created them, found by
-    autograd sequence numbers. Nothing depends on set order or hash seeds.
+    A forward op takes the scope of the innermost module being called; a backward op, the scope, origin and mask of
+    the forward op whose autograd node it runs under (a Linear's weight gradient is a product of its parameter;
+    QK^T's and AV's, of activations under the same mask), else the innermost module whose call made that node (by
+    autograd sequence numbers). Nothing depends on set order or hash seeds.
 
-    Activation checkpointing re-runs forward ops inside the backward (under the node that unpacks a saved
-    tensor, or ``CheckpointFunctionBackward``), with grad enabled, which a backward op has only in a double
-    backward (see :func:`_recomputing`). Such an op is the forward op it repeats (:meth:`_replayed`): it is
-    kept apart, with that op's record, and the nodes it creates (the reentrant kind's backward runs on them)
-    map to that forward op.
+    Activation checkpointing re-runs forward ops inside the backward with grad enabled, which a backward op has only
+    in a double backward (:func:`_recomputing`): such an op is kept apart as the forward op it repeats
+    (:meth:`_replayed`), and the nodes it creates (the reentrant kind's backward runs on them) map to that op.
     """
 
-    def __init__(self, model: nn.Module, masks: Mapping[str, Pattern], train: bool = False) -> None:
+    def __init__(self, model: nn.Module, how: _How) -> None:
         from torch._C._autograd import _get_sequence_nr
         from torch.utils.weak import WeakTensorKeyDictionary
 
@@ -153,8 +132,8 @@ class _TorchRecorder:
         self.state = [*model.parameters(), *model.buffers()]
         self.params = {id(p) for p in model.parameters()}
         self.buffers = {id(b) for b in model.buffers()}
-        by_id = {id(b): name for name, b in model.named_buffers()}
-        self.masks = Patterns({key: masks[name] for key, name in by_id.items() if name in masks})
+        given = how.buffer_masks or {}
+        self.masks = Patterns({id(b): given[name] for name, b in model.named_buffers() if name in given})
         self.calls: list[list[Any]] = []  # [first sequence nr, end sequence nr or None, name, parent call]
         self.starts: list[int] = []
         self.stack: list[int] = []
@@ -168,7 +147,7 @@ class _TorchRecorder:
         self.handles: list[Any] = []
         self.repeats: Repeats | None = None
         self.copies: list[tuple[Run, str, int, int]] = []  # (run, layer, first record, end) of each copy
-        self.train = train  # a backward follows: forward records are kept by key, for a recompute to find
+        self.train = how.train  # a backward follows: forward records are kept by key, for a recompute to find
         self.recompute: list[OpRecord] = []  # forward ops run again in the backward (activation checkpointing)
         self.forward_keys: dict[tuple[Any, ...], list[int]] = {}  # (op, shapes, output) -> forward records
         self.key_of: dict[int, tuple[Any, ...]] = {}
@@ -196,47 +175,42 @@ class _TorchRecorder:
 
     def copy_layer(self, run: Run, name: str) -> Any:
         """A repeated layer's call: the second layer's records, renamed, here; its output returned, reached by
-        the copy's records as the second layer's output was by its own (see repeats.transported)."""
-        second = run.names[1]
-        (start0, _), (end0, _) = run.calls[0][5:7]
-        (start, before), (end, after) = run.calls[1][5:7]
-        first_layer, second_layer = list(range(start0, end0)), list(range(start, end))
+        the copy's records as the second layer's output was by its own (see repeats.Copy)."""
+        second, begin = run.names[1], len(self.records)
+        first_layer, second_layer = _layer(run, 0), _layer(run, 1)
         if run.passes is None:
             run.passes = passes_through(self.records, first_layer, second_layer)
         layers = [first_layer, second_layer, *(list(range(s, e)) for r, _, s, e in self.copies if r is run)]
-        copy = list(range(len(self.records), len(self.records) + end - start))
+        copy = Copy(first_layer, second_layer, layers, list(range(begin, begin + len(second_layer))), bool(run.passes))
 
         def moved_to(sources: Sequence[int]) -> tuple[int, ...]:
-            return transported(sources, first_layer, second_layer, layers, copy, bool(run.passes), lambda s: (s,))
+            return copy.transported(sources, lambda s: (s,))
 
-        for index in range(start, end):
+        for index in second_layer:
             if index in self.labels:
                 self.labels[len(self.records)] = list(self.labels[index])
             record = self.records[index]
             self.records.append(copied(record, second, name, tuple(moved_to(operand) for operand in record.sources)))
+        (_, before), (_, after) = run.calls[1][5:7]
         self.unsupported.update(after - before)
-        self.copies.append((run, name, copy[0] if copy else len(self.records), len(self.records)))
+        self.copies.append((run, name, begin, len(self.records)))
 
         def output(tensor: torch.Tensor) -> torch.Tensor:
             alias = torch.ops.aten.alias(tensor)
             self.reach[alias] = frozenset(moved_to(sorted(self.reach.get(tensor, _NOTHING))))
             return alias
 
-        return pytree.tree_map(lambda leaf: output(leaf) if isinstance(leaf, torch.Tensor) else leaf, run.calls[1][2])
+        return pytree.tree_map_only(torch.Tensor, output, run.calls[1][2])
 
     def check_copies(self, records: list[OpRecord]) -> None:
         """The first two layers alike, and every copy equal to the second layer as it finally stands."""
         assert self.repeats is not None
         self.repeats.check()
         for run in {id(run): run for run, *_ in self.copies}.values():
-            first, second = run.names[:2]
-            (start0, _), (end0, _) = run.calls[0][5:7]
-            (start1, _), (end1, _) = run.calls[1][5:7]
-            if not alike(records, list(range(start0, end0)), list(range(start1, end1)), first, second):
+            if not alike(records, _layer(run, 0), _layer(run, 1), *run.names[:2]):
                 raise NotRepeating
         for run, name, start, end in self.copies:
-            (start1, _), (end1, _) = run.calls[1][5:7]
-            if not alike(records, list(range(start1, end1)), list(range(start, end)), run.names[1], name):
+            if not alike(records, _layer(run, 1), list(range(start, end)), run.names[1], name):
                 raise NotRepeating
 
     def remove_hooks(self) -> None:
@@ -283,7 +257,7 @@ class _TorchRecorder:
         shapes = tuple(tuple(t.shape) for t in tensors[:3])
         index = len(self.records)
         if node is not None and torch.is_grad_enabled() and _recomputing(node):
-            self._recomputed(op, _macs(flops), shapes, out_shape, tensors, node)
+            self._recomputed((op, shapes, out_shape), _macs(flops), tensors, node)
             return
         if node is not None:  # backward: the forward op that created this node decides
             self._end_replay()
@@ -307,12 +281,11 @@ class _TorchRecorder:
             # autograd created this op's node just before dispatching it: the latest sequence number
             self.node_records.setdefault(self.sequence_nr() - 1, index)
         if op in FUSED_ATTENTION_OPS:
-            named = _named_args(packet, args, kwargs)
+            named = {**dict(zip(masks.argument_names(op), args)), **kwargs}
             mask = named.get("attn_mask", named.get("attn_bias"))
-            self.labels[index] = [sdpa_label(
-                named.get("is_causal", False), isinstance(mask, torch.Tensor),
-                self.masks.abstract(mask) if isinstance(mask, torch.Tensor) else None,
-                isinstance(mask, torch.Tensor) and mask.dtype == torch.bool)]
+            given = isinstance(mask, torch.Tensor)  # (an argument not given is read as none)
+            self.labels[index] = [sdpa_label(named.get("is_causal", False), given, self.masks.abstract(mask),
+                                             given and mask.dtype == torch.bool)]
         elif origin == "activation" and op in _MASKED_PRODUCTS:
             operands = [args[i] for i in _MASKED_PRODUCTS[op] if i < len(args)]
             upstream = [self.flows[t] for t in operands if isinstance(t, torch.Tensor) and t in self.flows]
@@ -322,12 +295,13 @@ class _TorchRecorder:
                 self.flows[first] = ((index,), ())
         self._track(op, out, args, kwargs, frozenset((index,)))
 
-    def _recomputed(self, op: str, macs: Any, shapes: tuple[tuple[int, ...], ...], out_shape: tuple[int, ...],
-                    tensors: list[torch.Tensor], node: Any) -> None:
-        """Keep a recomputed op apart, as the forward op it repeats (its scope, origin, mask and part)."""
+    def _recomputed(self, key: tuple[Any, ...], macs: Any, tensors: list[torch.Tensor], node: Any) -> None:
+        """Keep a recomputed op (*key*: op, shapes, output shape) apart, as the forward op it repeats (its scope,
+        origin, mask and part)."""
         inside = self.replay_base is not None and len(self.stack) > self.replay_base
-        source = self._replayed((op, shapes, out_shape), self.scope() if inside else None)
+        source = self._replayed(key, self.scope() if inside else None)
         if source is None:  # no forward op like it: where the recompute runs
+            op, shapes, out_shape = key
             scope = self.scope() if inside else self.scope_of_node(node._sequence_nr())
             self.recompute.append(OpRecord(op, scope, macs, self.origin(tensors), shapes, out_shape, backward_of=-1))
             return
@@ -380,18 +354,17 @@ class _TorchRecorder:
                reached: frozenset[int]) -> None:
         """Follow the data (which products reach each tensor), mask patterns, attention scores and parameters
         through the forward ops."""
-        for tensor in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(tensor, torch.Tensor) and (reached or tensor in self.reach):
-                # values only: a mask or an index carries no product's result
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+        for tensor in outs:
+            if reached or tensor in self.reach:  # values only: a mask or an index carries no product's result
                 self.reach[tensor] = reached if tensor.is_floating_point() or tensor.is_complex() else _NOTHING
         first = out[0] if isinstance(out, (tuple, list)) and out else out
         if not isinstance(first, torch.Tensor):
             return
         name = short(op)
         if name in VIEW_OPS and self.origin([a for a in args if isinstance(a, torch.Tensor)][:1]) == "param":
-            for tensor in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(tensor, torch.Tensor):
-                    self.derived[tensor] = True
+            for tensor in outs:
+                self.derived[tensor] = True
         flow_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a in self.flows]
         name = score_op(name)
         if flow_positions:
@@ -412,9 +385,15 @@ class _TorchRecorder:
             records[index] = dataclasses.replace(records[index], mask=combine(labels))
         for index, source in self.backward_of.items():
             records[index] = dataclasses.replace(records[index], mask=records[source].mask, keeps=records[source].keeps)
-        self.recompute = [dataclasses.replace(r, mask=records[r.backward_of].mask, keeps=records[r.backward_of].keeps)
-                          if r.backward_of >= 0 else r for r in self.recompute]
+        self.recompute = [r if r.backward_of is None or r.backward_of < 0 else dataclasses.replace(
+            r, mask=records[r.backward_of].mask, keeps=records[r.backward_of].keeps) for r in self.recompute]
         return records
+
+
+def _layer(run: Run, index: int) -> list[int]:
+    """The records traced layer *index* (0, 1) of *run* made, from the recorder's snapshots around its call."""
+    (start, _), (end, _) = run.calls[index][5:7]
+    return list(range(start, end))
 
 
 def _recomputing(node: Any) -> bool:
@@ -471,31 +450,41 @@ def count_forward_torch(
         CountError: the model could not run on fake tensors; the message carries the reason.
     """
     refuse_scripted(model)
+    how = _How(train, fake, buffer_masks)
     if one_run.swept((args, kwargs)):  # one run for several lengths: meta tensors of swept sizes
         if train:
             raise CountError("train mode counts one length at a time")
         with one_run.enabled():
-            return _count_torch(model, args, kwargs, train, fake, buffer_masks, shortcut=True)
-    return _count_torch(model, args, kwargs, train, fake, buffer_masks, shortcut=fake and not train)
+            return _count_torch(model, args, kwargs, how, shortcut=True)
+    return _count_torch(model, args, kwargs, how, shortcut=fake and not train)
 
 
-def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
-                 buffer_masks: Mapping[str, Pattern] | None, shortcut: bool) -> RawCount:
-    if SHORTCUT.get() and shortcut:
-        recorder = _TorchRecorder(model, buffer_masks or {})
-        repeats = Repeats(model, on_stub=recorder.copy_layer,
-                          snapshot=lambda: (len(recorder.records), Counter(recorder.unsupported)), masks=buffer_masks)
+@dataclasses.dataclass(frozen=True)
+class _How:
+    """How :func:`count_forward_torch` counts (its keyword arguments)."""
+
+    train: bool
+    fake: bool
+    buffer_masks: Mapping[str, Pattern] | None
+
+
+def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
+                 shortcut: bool) -> RawCount:
+    if SHORTCUT.get() and shortcut:  # (never in train mode)
+        recorder = _TorchRecorder(model, how)
+        repeats = Repeats(model, recorder.copy_layer, lambda: (len(recorder.records), Counter(recorder.unsupported)),
+                          how.buffer_masks)
         if repeats:
             recorder.repeats = repeats
             try:
-                return _run_torch(model, args, kwargs, train, fake, recorder)
+                return _run_torch(model, args, kwargs, how, recorder)
             except NotRepeating:
                 pass
             finally:
                 repeats.undo()
         else:
             recorder.remove_hooks()
-    return _run_torch(model, args, kwargs, train, fake, _TorchRecorder(model, buffer_masks or {}, train))
+    return _run_torch(model, args, kwargs, how, _TorchRecorder(model, how))
 
 
 @functools.cache
@@ -511,14 +500,13 @@ def _memo_mode() -> type:
 
         def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             key = self.memo.key(func, args, kwargs)
-            if key is not None:
-                found = self.memo.made.get(key)
-                if found is not None:
-                    many, outs = found
-                    with self:
-                        made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                                     for shape, stride, dtype, device in outs)
-                    return made if many else made[0]
+            found = None if key is None else self.memo.made.get(key)
+            if found is not None:
+                many, outs = found
+                with self:
+                    made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                                 for shape, stride, dtype, device in outs)
+                return made if many else made[0]
             out = super().dispatch(func, types, args, kwargs)
             if key is not None:
                 self.memo.keep(key, out, pytree.tree_leaves((args, kwargs)))
@@ -527,9 +515,7 @@ def _memo_mode() -> type:
     return _MemoFakeTensorMode
 
 
-def _fake(mode: Any, leaf: Any, made: dict[int, Any]) -> Any:
-    if not isinstance(leaf, torch.Tensor):
-        return leaf
+def _fake(mode: Any, leaf: torch.Tensor, made: dict[int, Any]) -> Any:
     if one_run.swept(leaf):  # sizes of swept lengths: a fake tensor made anew (from_tensor wants a ShapeEnv),
         if id(leaf) not in made:  # once per tensor, as from_tensor does: MHA's (x, x, x) stays one tensor
             with mode:
@@ -539,39 +525,34 @@ def _fake(mode: Any, leaf: Any, made: dict[int, Any]) -> Any:
     return mode.from_tensor(leaf)
 
 
-def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, fake: bool,
+def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
                recorder: _TorchRecorder) -> RawCount:
     counter = _torch_counter(recorder)
-    mode = _mode(fake, fake and one_run.swept((args, kwargs)))
+    mode = _mode(how.fake, how.fake and one_run.swept((args, kwargs)))
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        compiling = as_if_compiling() if fake else contextlib.nullcontext()
+        compiling = as_if_compiling() if how.fake else contextlib.nullcontext()
         with no_global_hooks(), torch.random.fork_rng(devices=[]), meta_autocast(), compiling, mode:
-            if fake:
+            if how.fake:
                 made: dict[int, Any] = {}
-                args, kwargs = pytree.tree_map(lambda leaf: _fake(mode, leaf, made), (args, kwargs))
-            with counter, torch.set_grad_enabled(train), _Einsums(recorder), flex.into_records(recorder.records):
+                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda leaf: _fake(mode, leaf, made), (args, kwargs))
+            with counter, torch.set_grad_enabled(how.train), _Einsums(recorder), flex.into_records(recorder.records):
                 output = model(*args, **kwargs)
-                if train:
-                    leaves: list[torch.Tensor] = []
-                    tensor_leaves(output, leaves)
-                    grads = [t for t in leaves if t.requires_grad and t.is_floating_point()]
+                if how.train:
+                    grads = [t for t in tensor_leaves(output) if t.requires_grad and t.is_floating_point()]
                     if not grads:
                         raise CountError("train mode needs an output that requires grad; none did")
-                    loss = torch.stack([t.sum() for t in grads]).sum()
-                    loss.backward()
-    except CountError:
-        if recorder.repeats is not None and recorder.repeats.stub_of():
-            raise NotRepeating from None
-        raise
+                    torch.stack([t.sum() for t in grads]).sum().backward()
     except RecursionError:  # the user's forward recursing without end: their error, no other counter tried
         raise
     except Exception as exc:  # noqa: BLE001 - the model's reason is the user's best clue
         if recorder.repeats is not None and recorder.repeats.stub_of():
-            raise NotRepeating from exc
+            raise NotRepeating from (None if isinstance(exc, CountError) else exc)
+        if isinstance(exc, CountError):
+            raise
         reason = f"{type(exc).__name__}: {exc}".strip()[:600]
-        where = "on fake tensors" if fake else "on real tensors"
+        where = "on fake tensors" if how.fake else "on real tensors"
         raise CountError(f"torch's FlopCounterMode could not run {type(model).__name__} {where}{site(exc, model)}: "
                          f"{reason}\nFix: {hint(reason)}.") from exc
     finally:
@@ -590,7 +571,6 @@ class _Einsums(TorchFunctionMode):
         self.recorder = recorder
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = None
         if func is not torch.functional.einsum:
             return func(*args, **(kwargs or {}))
         start = len(self.recorder.records)
@@ -625,17 +605,13 @@ def _raw(model: nn.Module, recorder: _TorchRecorder, output: Any) -> RawCount:
     records = recorder.finish()
     if recorder.repeats is not None:
         recorder.check_copies(records)
-    returned: list[torch.Tensor] = []
-    tensor_leaves(output, returned)
-    outputs = tuple(tuple(sorted(recorder.reach.get(t, _NOTHING))) for t in returned)
+    outputs = tuple(tuple(sorted(recorder.reach.get(t, _NOTHING))) for t in tensor_leaves(output))
     classes = {name: type(module).__name__ for name, module in model.named_modules()}
     copied = tuple(name for _, name, _, _ in recorder.copies)
-    if any(isinstance(r.macs, torch.SymInt) for r in records):  # several lengths: summed per length by at_lengths
-        return RawCount(total=0, records=records, unsupported_ops=recorder.unsupported, by_module={},
-                        module_names=classes, copied_layers=copied, outputs=outputs)
-    return RawCount(total=sum(r.macs for r in records), records=records, unsupported_ops=recorder.unsupported,
-                    by_module=module_totals(records, list(classes)), module_names=classes, copied_layers=copied,
-                    outputs=outputs, recompute=tuple(recorder.recompute))
+    swept = any(isinstance(r.macs, torch.SymInt) for r in records)  # several lengths: summed per length by at_lengths
+    return RawCount(total=0 if swept else sum(r.macs for r in records), records=records, module_names=classes,
+                    by_module={} if swept else module_totals(records, list(classes)), outputs=outputs,
+                    unsupported_ops=recorder.unsupported, copied_layers=copied, recompute=tuple(recorder.recompute))
 
 
 def module_totals(records: list[OpRecord], names: list[str],

@@ -95,18 +95,17 @@ def _stand_in_mask_type() -> type:
     class _StandInMask(BlockMask, StandInMask):  # type: ignore[misc]
         """A BlockMask made by the stand-in create_block_mask: its mask_mod and sizes, no tensors."""
 
-        def __init__(self, mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int, kv_len: int,
+        def __init__(self, mask_mod: Callable[..., Any], shape: tuple[int, int, int, int],
                      block_size: Any = 128) -> None:  # noqa: D107 - BlockMask's tensors are not made
-            self.mask_mod, self.seq_lengths = mask_mod, (q_len, kv_len)
+            self.mask_mod, self.batch, self.heads, self.seq_lengths = mask_mod, shape[0], shape[1], shape[2:]
             self.BLOCK_SIZE = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
-            self.batch, self.heads = batch, heads
 
         @property
         def shape(self) -> tuple[int, ...]:
             return (self.batch, self.heads, *self.seq_lengths)
 
         def _adjust(self, new_q_len: int, new_kv_len: int) -> Any:
-            return type(self)(self.mask_mod, self.batch, self.heads, new_q_len, new_kv_len, self.BLOCK_SIZE)
+            return type(self)(self.mask_mod, (self.batch, self.heads, new_q_len, new_kv_len), self.BLOCK_SIZE)
 
         def to(self, device: Any) -> Any:
             return self
@@ -119,7 +118,7 @@ def _stand_in_mask_type() -> type:
 
 def _create_block_mask(mask_mod: Callable[..., Any], B: int | None, H: int | None, Q_LEN: int, KV_LEN: int,  # noqa: N803
                        device: Any = None, BLOCK_SIZE: Any = 128, *args: Any, **kwargs: Any) -> Any:
-    return _stand_in_mask_type()(mask_mod, B or 1, H or 1, Q_LEN, KV_LEN, BLOCK_SIZE)
+    return _stand_in_mask_type()(mask_mod, (B or 1, H or 1, Q_LEN, KV_LEN), BLOCK_SIZE)
 
 
 def _sizes(block_mask: Any) -> tuple[int, int, int, int]:
@@ -144,12 +143,12 @@ def _outside_the_count() -> Iterator[None]:
     from torch.utils._python_dispatch import _disable_current_modes
 
     state = torch._C._get_tracing_state()
-    torch._C._set_tracing_state(None)  # type: ignore[arg-type]
+    torch._C._set_tracing_state(None)  # type: ignore[attr-defined]  # in torch._C, not in its stubs
     try:
         with _disable_current_modes(), torch.no_grad():
             yield
     finally:
-        torch._C._set_tracing_state(state)  # type: ignore[arg-type]
+        torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
 
 
 def mask_keeps(mask_mod: Callable[..., Any], batch: int, heads: int, q_len: int, kv_len: int) -> tuple[Keeps, bool]:
@@ -306,12 +305,10 @@ def _scope(session: _Session, start: int) -> str:
     return "" if name == "model" else name.removeprefix("model.")
 
 
-def _compile_friendly(query: Any, key: Any, value: Any, score_mod: Any = None, block_mask: Any = None,
-                      enable_gqa: bool = False, scale: Any = None, kernel_options: Any = None, training: bool = False,
-                      **kwargs: Any) -> Any:
-    """transformers' ``compile_friendly_flex_attention``: the stand-in, uncompiled."""
-    return _flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa,
-                           scale=scale, kernel_options=kernel_options, **kwargs)
+def _compile_friendly(query: Any, key: Any, value: Any, **kwargs: Any) -> Any:
+    """transformers' ``compile_friendly_flex_attention`` (its signature, training= too): the stand-in, uncompiled."""
+    kwargs.pop("training", None)
+    return _flex_attention(query, key, value, **kwargs)
 
 
 #: The file of the stand-in: a traced fused attention node whose innermost frame is here is a FlexAttention core.
@@ -390,9 +387,9 @@ def _module_bindings(originals: dict[int, Callable[..., Any]]) -> list[tuple[dic
     found = []
     for name, keys in _BOUND.items():
         namespace = getattr(sys.modules.get(name), "__dict__", None)
-        for key in keys if isinstance(namespace, dict) else ():
-            if key in namespace and _replacement(namespace[key], originals) is not None:
-                found.append((namespace, key, namespace[key]))
+        if isinstance(namespace, dict):
+            found += [(namespace, key, namespace[key]) for key in keys
+                      if key in namespace and _replacement(namespace[key], originals) is not None]
     return found
 
 
@@ -430,11 +427,11 @@ def _substituted(model: nn.Module) -> Iterator[None]:
                 if replacement is not None:
                     setattr(klass, key, staticmethod(replacement))
                     undo.append(functools.partial(setattr, klass, key, value))
-        helpers = sys.modules.get("transformers.integrations.flex_attention")
-        if helpers is not None and hasattr(helpers, "compile_friendly_flex_attention"):
-            undo.append(functools.partial(setattr, helpers, "compile_friendly_flex_attention",
-                                          helpers.compile_friendly_flex_attention))
-            helpers.compile_friendly_flex_attention = _compile_friendly
+        helpers = getattr(sys.modules.get("transformers.integrations.flex_attention"), "__dict__", {})
+        if "compile_friendly_flex_attention" in helpers:
+            undo.append(functools.partial(helpers.__setitem__, "compile_friendly_flex_attention",
+                                          helpers["compile_friendly_flex_attention"]))
+            helpers["compile_friendly_flex_attention"] = _compile_friendly
         yield
     finally:
         for step in reversed(undo):

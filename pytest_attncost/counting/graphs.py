@@ -50,8 +50,9 @@ def graph_metadata(model: nn.Module) -> dict[int, Any]:
     copied). They are read, never written: a copy of the module may hold the same ones."""
     memo: dict[int, Any] = {}
     for module in model.modules():
-        if isinstance(module, torch.fx.GraphModule) or isinstance(getattr(module, "graph", None), torch.fx.Graph):
-            for node in module.graph.nodes:
+        graph = getattr(module, "graph", None)  # a GraphModule's, or an unflattened export's
+        if isinstance(graph, torch.fx.Graph):
+            for node in graph.nodes:
                 for leaf in pytree.tree_leaves(list(node.meta.values())):
                     if isinstance(leaf, torch.Tensor):
                         memo[id(leaf)] = leaf

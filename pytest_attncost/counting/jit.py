@@ -28,7 +28,7 @@ from ..errors import CountError, hint, site
 from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..families import traceable
 from ..ops import PRODUCTS, SDPA_OPS, OpRecord, RawCount, is_product, short
-from . import repeats
+from . import masks, repeats
 from .flex import new_trace, traced_keeps
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, score_op, sdpa_label
 from .repeats import NotRepeating, Repeats, Run, copied
@@ -39,8 +39,7 @@ __all__ = ["EXTRA_HANDLES", "count_forward"]
 
 def _shape(value: Any) -> list[int]:
     """Static shape of a traced tensor value (the trace records complete types)."""
-    sizes = value.type().sizes()
-    return [int(s) for s in sizes]
+    return [int(s) for s in value.type().sizes()]
 
 
 def _from_table(op: str) -> Callable[[list[Any], list[Any]], int]:
@@ -61,10 +60,8 @@ def _sdpa_macs(inputs: list[Any], outputs: list[Any]) -> int:
 
 
 def _einsum_macs(inputs: list[Any], outputs: list[Any]) -> int:
-    """Exactly what torch runs: its own einsum on empty meta operands, under its FLOP counter.
-
-    fvcore's handle rounds to 4 significant digits (16,778,000 for 16,777,216).
-    """
+    """Exactly what torch runs: its own einsum on empty meta operands, under its FLOP counter (fvcore's handle
+    rounds to 4 significant digits: 16,778,000 for 16,777,216)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     equation = inputs[0].toIValue()
@@ -106,21 +103,16 @@ class _TraceContext:
 
     def sources(self, values: list[Any]) -> tuple[int, ...]:
         """The products whose results reach *values* through ops that are no products (memoised per value)."""
-        found: set[int] = set()
-        for value in values:
-            found |= self._reach(value)
-        return tuple(sorted(found))
+        return tuple(sorted(frozenset[int]().union(*map(self._reach, values))))
 
     def _reach(self, start: Any) -> frozenset[int]:
         memo, stack = self.reach, [start]
         while stack:  # iterative: a residual stream is a long chain of additions
             value = stack[-1]
             key = value.debugName()
-            if key in memo:
-                stack.pop()
-                continue
-            if key in self.produced:
+            if key in self.produced and key not in memo:
                 memo[key] = frozenset((self.produced[key],))
+            if key in memo:
                 stack.pop()
                 continue
             node = value.node()
@@ -139,28 +131,26 @@ class _TraceContext:
 
     def made(self, index: int, outputs: list[Any]) -> None:
         """The outputs of a product (record *index*): where the walk back from a later operand stops."""
-        for value in outputs:
-            self.produced[value.debugName()] = index
+        self.produced.update((value.debugName(), index) for value in outputs)
+
+    def _state(self, value: Any) -> int | None:
+        """The index in the state of a graph input that is state (None: one of the user's inputs)."""
+        index = value.offset() - self.n_user_inputs
+        return index if 0 <= index < len(self.state_names) else None
 
     def state_name(self, value: Any) -> str | None:
         """The dotted name (relative to the user's model) of a graph input that is state."""
-        index = value.offset() - self.n_user_inputs
-        if 0 <= index < len(self.state_names):
-            name = self.state_names[index]
-            return name[len("model.") :] if name.startswith("model.") else name
-        return None
+        index = self._state(value)
+        return None if index is None else self.state_names[index].removeprefix("model.")
 
     def origin_of(self, value: Any) -> str:
         """Follow views back to a graph input: a parameter, a buffer, or an activation."""
         for _ in range(64):
             node = value.node()
-            kind = node.kind()
-            if kind == "prim::Param":
-                index = value.offset() - self.n_user_inputs
-                if 0 <= index < len(self.state_is_param):
-                    return "param" if self.state_is_param[index] else "buffer"
-                return "activation"
-            if short(kind) not in ops.VIEW_OPS:
+            if node.kind() == "prim::Param":
+                index = self._state(value)
+                return "activation" if index is None else "param" if self.state_is_param[index] else "buffer"
+            if short(node.kind()) not in ops.VIEW_OPS:
                 return "activation"
             value = next(iter(node.inputs()))
         return "activation"
@@ -180,8 +170,8 @@ class _TraceContext:
                         continue
                     seen.add(name)
                     if item.node().kind() == "prim::Param":
-                        index = item.offset() - self.n_user_inputs
-                        param = 0 <= index < len(self.state_is_param) and self.state_is_param[index]
+                        index = self._state(item)
+                        param = index is not None and self.state_is_param[index]
                         found, alone = found or param, alone and param
                     elif self.derived.get(name) is False or len(seen) > 256 or name in self.produced:
                         alone = False  # a product's result reaches it: an activation
@@ -203,11 +193,7 @@ def _floating(value: Any) -> bool:
 def _scope_of(node: Any) -> str:
     """The harness names the model ``model``; report names relative to the user's model."""
     name = node.scopeName().split("/")[-1]
-    if name == "model":
-        return ""
-    if name.startswith("model."):
-        return name[len("model.") :]
-    return name
+    return "" if name == "model" else name.removeprefix("model.")
 
 
 def _operands(op: str, inputs: list[Any]) -> list[Any]:
@@ -227,26 +213,21 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
         if not isinstance(macs, Number):
             raise CountError(f"the handle for {op} returned {value!r}, not a number")
         operands = _operands(op, inputs)
-        each = [(v, ctx.origin_of(v)) for v in operands if v.type().kind() == "TensorType"]
-        if is_product(op) and all(found == "activation" for _, found in each):  # a weight computed (weight_norm)?
-            each = [(v, "param" if ctx.from_parameters(v) else found) for v, found in each]
-        origins = {found for _, found in each}
+        tensors = [v for v in operands if _is_tensor(v)]
+        origins = [ctx.origin_of(v) for v in tensors]
+        if is_product(op) and all(found == "activation" for found in origins):  # a weight computed (weight_norm)?
+            origins = ["param" if ctx.from_parameters(v) else found for v, found in zip(tensors, origins)]
         origin = "param" if "param" in origins else "buffer" if "buffer" in origins else "activation"
-        shapes = tuple(
-            tuple(_shape(v)) for v in operands if v.type().kind() == "TensorType" and v.isCompleteTensor()
-        )
-        out = outputs[0]
-        out_shape = tuple(_shape(out)) if out.type().kind() == "TensorType" and out.isCompleteTensor() else ()
-        count = int(round(float(macs)))  # type: ignore[arg-type]  # fvcore handles return int or float
-        mask = ""
-        if op in SDPA_OPS or (origin == "activation" and is_product(op)):
-            mask = ctx.masks.label(op, inputs, outputs, operands)
-        product = is_product(op) or op in SDPA_OPS
-        sources = tuple(ctx.sources([v]) for v in operands if v.type().kind() == "TensorType") if product else ()
-        weights = sum(math.prod(_shape(v)) for v, found in each if found == "param" and v.isCompleteTensor())
+        masked = op in SDPA_OPS or (origin == "activation" and is_product(op))
+        product, out = is_product(op) or op in SDPA_OPS, outputs[0]
         ctx.records.append(OpRecord(
-            op=op, scope=_scope_of(out.node()), macs=count, origin=origin, shapes=shapes, out_shape=out_shape,
-            mask=mask, sources=sources, weights=weights,
+            op=op, scope=_scope_of(out.node()), macs=int(round(float(macs))),  # type: ignore[arg-type]  # int or float
+            origin=origin, shapes=tuple(tuple(_shape(v)) for v in tensors if v.isCompleteTensor()),
+            out_shape=tuple(_shape(out)) if _is_tensor(out) and out.isCompleteTensor() else (),
+            mask=ctx.masks.label(op, inputs, outputs, operands) if masked else "",
+            sources=tuple(ctx.sources([v]) for v in tensors) if product else (),
+            weights=sum(math.prod(_shape(v)) for v, found in zip(tensors, origins) if found == "param"
+                        and v.isCompleteTensor()),
             keeps=traced_keeps(out.node().sourceRange()) if op in SDPA_OPS else None,  # a FlexAttention core's
         ))
         if product:
@@ -260,17 +241,6 @@ def _is_tensor(value: Any) -> bool:
     return value.type().kind() == "TensorType"
 
 
-def _argument_positions(op: str) -> dict[str, int]:
-    """Argument name -> position in the op's schema (first overload); {} if unknown."""
-    namespace, _, name = op.partition("::")
-    try:
-        packet = getattr(getattr(torch.ops, namespace), name)
-        schema = getattr(packet, packet.overloads()[0])._schema
-    except Exception:  # noqa: BLE001 - an op torch does not know by that name
-        return {}
-    return {argument.name: i for i, argument in enumerate(schema.arguments)}
-
-
 class _GraphMasks:
     """Evaluates mask patterns over the traced graph (jit Values), memoised per value."""
 
@@ -280,15 +250,12 @@ class _GraphMasks:
 
     def abstract(self, value: Any) -> Any:
         """A constant, a Pattern, or None."""
-        node = value.node()
-        if node.kind() == "prim::Constant":
+        if value.node().kind() == "prim::Constant":
             try:
                 return value.toIValue()
             except Exception:  # noqa: BLE001 - a constant the binding cannot convert
                 return None
-        if not _is_tensor(value):
-            return None
-        return self.pattern(value)
+        return self.pattern(value) if _is_tensor(value) else None
 
     def pattern(self, value: Any, depth: int = 0) -> Pattern | None:
         key = value.debugName()
@@ -300,19 +267,14 @@ class _GraphMasks:
             name = self.ctx.state_name(value)
             result = self.ctx.buffer_masks.get(name) if name is not None else None
         elif depth < 32:
-            ins = []
-            for item in node.inputs():
-                if item.node().kind() == "prim::Constant" or not _is_tensor(item):
-                    ins.append(self.abstract(item))
-                else:
-                    ins.append(self.pattern(item, depth + 1))
-            result = mask_transfer(short(node.kind()), ins)
+            result = mask_transfer(short(node.kind()), [
+                self.abstract(item) if item.node().kind() == "prim::Constant" or not _is_tensor(item)
+                else self.pattern(item, depth + 1) for item in node.inputs()])
         self.memo[key] = result
         return result
 
     def masking(self, node: Any, flow: int) -> str:
-        ins = [self.abstract(v) for v in node.inputs()]
-        return masking_label(score_op(short(node.kind())), ins, flow)
+        return masking_label(score_op(short(node.kind())), [self.abstract(v) for v in node.inputs()], flow)
 
     def after(self, value: Any, depth: int = 0) -> list[str]:
         """Labels of the masks applied to scores *value* on their way forward (QK^T -> softmax)."""
@@ -342,67 +304,49 @@ class _GraphMasks:
             return [], bool(operands) and all(self.ctx.origin_of(v) == "activation" for v in operands)
         if op in SCORE_MASKING:
             inputs = list(node.inputs())
-            candidates = [0] if op == "masked_fill" else [0, 1] if op == "add" else [1, 2] if op == "where" else []
-            for flow in candidates:
+            for flow in {"masked_fill": [0], "add": [0, 1], "where": [1, 2]}[op]:
                 if flow < len(inputs) and _is_tensor(inputs[flow]) and inputs[flow].node().kind() != "prim::Constant":
                     labels, scores = self.before(inputs[flow], depth + 1)
                     if scores:
                         return [self.masking(node, flow), *labels], True
             return [], False
-        if op in SCORE_PASS:
-            inputs = [v for v in node.inputs() if _is_tensor(v) and v.node().kind() != "prim::Constant"]
-            if not inputs:
-                return [], False
-            main = max(inputs, key=lambda v: len(_shape(v)) if v.isCompleteTensor() else 0)
-            return self.before(main, depth + 1)
+        inputs = [v for v in node.inputs() if _is_tensor(v) and v.node().kind() != "prim::Constant"]
+        if op in SCORE_PASS and inputs:
+            return self.before(max(inputs, key=lambda v: len(_shape(v)) if v.isCompleteTensor() else 0), depth + 1)
         return [], False
 
     def label(self, op: str, inputs: list[Any], outputs: list[Any], operands: list[Any]) -> str:
         if op in SDPA_OPS:
-            positions = _argument_positions(op)
-            causal_at = positions.get("is_causal", len(inputs))
-            mask_at = positions.get("attn_mask", positions.get("attn_bias", len(inputs)))
-            is_causal: Any = False
-            if causal_at < len(inputs):
-                flag = inputs[causal_at]
-                # a flag computed in the trace (not a constant) cannot be told
-                is_causal = self.abstract(flag) if flag.node().kind() == "prim::Constant" else ops.MASK_UNKNOWN
-            mask_value = inputs[mask_at] if mask_at < len(inputs) else None
-            if mask_value is None or mask_value.node().kind() == "prim::Constant" or not _is_tensor(mask_value):
+            named = dict(zip(masks.argument_names(op), inputs))
+            flag, mask = named.get("is_causal"), named.get("attn_mask", named.get("attn_bias"))
+            is_causal = (False if flag is None else self.abstract(flag) if flag.node().kind() == "prim::Constant"
+                         else ops.MASK_UNKNOWN)  # a flag computed in the trace (not a constant) cannot be told
+            if mask is None or mask.node().kind() == "prim::Constant" or not _is_tensor(mask):
                 return sdpa_label(is_causal, False, None, None)
-            scalar = mask_value.type().scalarType()
-            return sdpa_label(is_causal, True, self.pattern(mask_value), scalar == "Bool")
-        labels: list[str] = []
-        from_scores = False  # an operand holds scores or probabilities: this is AV, not QK^T
-        for operand in operands:
-            found, scores = self.before(operand)
-            labels += found
-            from_scores = from_scores or scores
-        if not from_scores and outputs:
+            return sdpa_label(is_causal, True, self.pattern(mask), mask.type().scalarType() == "Bool")
+        found = [self.before(operand) for operand in operands]
+        labels = [label for applied, _ in found for label in applied]
+        if not any(scores for _, scores in found) and outputs:  # no operand holds scores or probabilities: QK^T
             labels += self.after(outputs[0])
         return combine(labels)
 
 
 class _Harness(nn.Module):
-    """Calls the twin with the user's args and kwargs; returns flat tensors the tracer accepts.
-
-    Every submodule's tensor outputs are returned as well, so that the tracer's
-    dead-code elimination keeps work whose result the model itself drops.
-    """
+    """Calls the twin with the user's args and kwargs; returns flat tensors the tracer accepts: every submodule's
+    tensor outputs too, so that the tracer's dead-code elimination keeps work whose result the model drops."""
 
     def __init__(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         super().__init__()
         self.model = model
-        leaves, self._spec = pytree.tree_flatten((args, kwargs))
-        self._leaves = leaves
-        self._positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        self._leaves, self._spec = pytree.tree_flatten((args, kwargs))
+        self._positions = [i for i, leaf in enumerate(self._leaves) if isinstance(leaf, torch.Tensor)]
         self._seen: list[torch.Tensor] = []
         self.n_outputs = 0
         for module in model.modules():
             module.register_forward_hook(self._keep)
 
     def _keep(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        tensor_leaves(output, self._seen)
+        self._seen += tensor_leaves(output)
 
     def trace_inputs(self) -> tuple[torch.Tensor, ...]:
         return tuple(self._leaves[i] for i in self._positions)
@@ -413,8 +357,7 @@ class _Harness(nn.Module):
             leaves[position] = tensor
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
         self._seen = []
-        outputs: list[torch.Tensor] = []
-        tensor_leaves(self.model(*args, **kwargs), outputs)
+        outputs = tensor_leaves(self.model(*args, **kwargs))
         self.n_outputs = len(outputs)  # the model's own; the submodules' follow
         return tuple(outputs + self._seen)
 
@@ -435,13 +378,15 @@ def _counting_environment() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
-def _flop_count_analysis() -> type:
+def _fvcore() -> tuple[type, Mapping[str, Handle]]:
+    """fvcore's FlopCountAnalysis and its own handles, imported when a count runs."""
     with warnings.catch_warnings():
         # fvcore scripts a function at import time, which torch 2.13 deprecates.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         from fvcore.nn import FlopCountAnalysis  # type: ignore[import-untyped]
-    return FlopCountAnalysis
+        from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS  # type: ignore[import-untyped]
+    return FlopCountAnalysis, _DEFAULT_SUPPORTED_OPS
 
 
 def count_forward(
@@ -460,35 +405,29 @@ def count_forward(
     Raises:
         CountError: the tracer could not run the model; the message carries its reason.
     """
-    flop_count_analysis = _flop_count_analysis()
-    from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS  # type: ignore[import-untyped]
-
     refuse_scripted(model)
     with no_global_hooks():
-        return _count_forward(model, args, kwargs, flop_count_analysis, _DEFAULT_SUPPORTED_OPS, buffer_masks)
+        return _count_forward(model, args, kwargs, buffer_masks)
 
 
 def _all_meta(model: nn.Module, values: Any) -> bool:
     """No values anywhere: nothing a layer does can depend on data."""
-    tensors = [*model.parameters(), *model.buffers(),
-               *(leaf for leaf in pytree.tree_leaves(values) if isinstance(leaf, torch.Tensor))]
-    return all(t.is_meta for t in tensors)
+    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves(values)]
+    return all(t.is_meta for t in leaves if isinstance(t, torch.Tensor))
 
 
-def _count_forward(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], flop_count_analysis: Any,
-    default_ops: Mapping[str, Handle], buffer_masks: Mapping[str, Pattern] | None,
-) -> RawCount:
+def _count_forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   buffer_masks: Mapping[str, Pattern] | None) -> RawCount:
     if repeats.SHORTCUT.get() and _all_meta(model, (args, kwargs)):
         layers = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
         if layers:
             try:
-                return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, layers)
+                return _trace(model, args, kwargs, buffer_masks, layers)
             except NotRepeating:
                 drop_hooks(model)  # the harness's (and, after a failed trace, fvcore's) hooks
             finally:
                 layers.undo()
-    return _trace(model, args, kwargs, flop_count_analysis, default_ops, buffer_masks, None)
+    return _trace(model, args, kwargs, buffer_masks, None)
 
 
 _MARKER = "<repeat>"  # where a copied layer was called, in graph order
@@ -496,10 +435,9 @@ _OUTPUTS = "<outputs>"  # the model's outputs, last: what reaches them (sources 
 
 
 def _aliased_output(run: Run, name: str) -> Any:
-    # aten::alias leaves a node in the graph at this call, in this layer's scope: the marker
-    # where the copied records go (and a view, so origins and masks pass through it).
-    return pytree.tree_map(lambda leaf: torch.ops.aten.alias(leaf) if isinstance(leaf, torch.Tensor) else leaf,
-                           run.calls[1][2])
+    """aten::alias leaves a node in the graph at this call, in this layer's scope: the marker where the copied
+    records go (and a view, so origins and masks pass through it)."""
+    return pytree.tree_map_only(torch.Tensor, torch.ops.aten.alias, run.calls[1][2])
 
 
 # Where torch implements an op's meta kernel in Python (torch < 2.9: convolutions), the jit trace on the
@@ -525,8 +463,7 @@ def _handles(analysis: Any, ctx: _TraceContext, harness: _Harness, default_ops: 
              repeats: Repeats | None) -> tuple[list[tuple[int, ...]], Counter[str]]:
     """Install the handles on *analysis*: every counted op recorded, what reaches the model's outputs kept
     (returned), and with *repeats* the marker of each copied layer (aliases: the model's own)."""
-    handles = {**default_ops, **EXTRA_HANDLES}
-    analysis.set_op_handle(**{op: _recording(op, handle, ctx) for op, handle in handles.items()})
+    analysis.set_op_handle(**{op: _recording(op, h, ctx) for op, h in {**default_ops, **EXTRA_HANDLES}.items()})
     returned: list[tuple[int, ...]] = []  # per output of the model
 
     def outputs_of(inputs: list[Any], outputs: list[Any]) -> int:
@@ -553,10 +490,9 @@ def _handles(analysis: Any, ctx: _TraceContext, harness: _Harness, default_ops: 
     return returned, aliases
 
 
-def _trace(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], flop_count_analysis: Any,
-    default_ops: Mapping[str, Handle], buffer_masks: Mapping[str, Pattern] | None, repeats: Repeats | None,
-) -> RawCount:
+def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], buffer_masks: Mapping[str, Pattern] | None,
+           repeats: Repeats | None) -> RawCount:
+    flop_count_analysis, default_ops = _fvcore()
     harness = _Harness(model, args, kwargs)
     inputs = harness.trace_inputs()
     ctx = _TraceContext(harness, len(inputs), buffer_masks)
@@ -567,39 +503,33 @@ def _trace(
         new_trace()
         try:
             total = analysis.total()
-        except CountError:
-            if repeats is not None and repeats.stub_of():
-                raise NotRepeating from None
-            raise
         except RecursionError:  # the user's forward recursing without end: their error, no other counter tried
             raise
         except Exception as exc:  # noqa: BLE001 - the tracer's reason is the user's best clue
             if repeats is not None and repeats.stub_of():
-                raise NotRepeating from exc
+                raise NotRepeating from (None if isinstance(exc, CountError) else exc)
+            if isinstance(exc, CountError):
+                raise
             raise _untraceable(model, exc) from exc
         unsupported = Counter({op: int(c) for op, c in analysis.unsupported_ops().items()})
         by_module_raw = analysis.by_module()
         if repeats is not None:
             repeats.check()
-            for name in repeats.stub_of():
-                second = repeats.stub_of()[name].names[1]
-                unsupported.update(analysis.unsupported_ops(f"model.{second}"))
+            for run in repeats.stub_of().values():
+                unsupported.update(analysis.unsupported_ops(f"model.{run.names[1]}"))
     unsupported.update(aliases)
     # "" is the harness; "model" is the same total, the user's model
     by_module = {"" if name == "model" else name[len("model."):]: int(value)
                  for name, value in by_module_raw.items() if name}
-    records = ctx.records
-    ctx.records.append(OpRecord(_OUTPUTS, "", 0, "activation", (), sources=tuple(returned)))
+    records = [*ctx.records, OpRecord(_OUTPUTS, "", 0, "activation", (), sources=tuple(returned))]
     if repeats is not None and repeats.stub_of():
         records, extra = _expand_markers(records, repeats, by_module)
         total += extra
     *records, returns = records
     classes = {name: type(module).__name__ for name, module in model.named_modules()}
     copied = tuple(repeats.stub_of()) if repeats is not None else ()
-    return RawCount(
-        total=int(total), records=records, unsupported_ops=unsupported, by_module=by_module, module_names=classes,
-        copied_layers=copied, outputs=returns.sources,
-    )
+    return RawCount(total=int(total), records=records, unsupported_ops=unsupported, by_module=by_module,
+                    module_names=classes, copied_layers=copied, outputs=returns.sources)
 
 
 def _untraceable(model: nn.Module, exc: Exception) -> CountError:
@@ -651,7 +581,7 @@ def _placement(records: list[OpRecord], stubs: Mapping[str, Run], second_of: Map
 def _expand_markers(records: list[OpRecord], layers: Repeats, by_module: dict[str, int]) -> tuple[list[OpRecord], int]:
     """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module.
 
-    Sources move with the records (:func:`.repeats.transported`); what reached a marker reaches the copy's
+    Sources move with the records (:meth:`.repeats.Copy.transported`); what reached a marker reaches the copy's
     records that the second layer's output came from.
 
     Raises NotRepeating if the first two layers' records differ, or a copied layer left no marker.
@@ -673,8 +603,8 @@ def _expand_markers(records: list[OpRecord], layers: Repeats, by_module: dict[st
         second = stubs[copy].names[1]
         before = [[new_of[i] for i in first_of[second]], [new_of[i] for i in second_of[second]],
                   *(copy_at[c] for c in earlier[copy])]
-        return repeats.transported(sources, first_of[second], second_of[second], before, copy_at[copy], passes[second],
-                           mapped)
+        return repeats.Copy(first_of[second], second_of[second], before, copy_at[copy], passes[second]).transported(
+            sources, mapped)
 
     def mapped(source: int) -> tuple[int, ...]:
         # a copied layer's output: what the second layer's output came from, as the copy has it

@@ -25,9 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from ..ops import MASK_CAUSAL, MASK_NONE, MASK_UNKNOWN
 
-__all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "buffer_masks", "combine", "mask_transfer",
-           "score_op",
-           "masking_label", "recording", "sdpa_label"]
+__all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "argument_names", "buffer_masks",
+           "combine", "mask_transfer", "masking_label", "recording", "score_op", "sdpa_label"]
 
 Pattern = tuple[tuple[Any, ...], Any]  # (position set, fill value or None)
 
@@ -35,19 +34,12 @@ Pattern = tuple[tuple[Any, ...], Any]  # (position set, fill value or None)
 _CAUSAL_MASKED = ("upper", 1)  # the positions a causal mask removes: j > i
 
 
-MASK_PASS = frozenset({
-    "view", "reshape", "_unsafe_view", "expand", "expand_as", "unsqueeze", "squeeze", "contiguous", "clone",
-    "to", "_to_copy", "type_as", "detach", "alias", "lift_fresh", "lift_fresh_copy", "float", "bool", "half",
-    "bfloat16", "view_as", "reshape_as",
-})
-
-
+_VIEWS = {"view", "reshape", "_unsafe_view", "expand", "expand_as", "unsqueeze", "squeeze", "contiguous", "clone", "to",
+          "_to_copy", "type_as", "detach", "alias", "float", "half", "bfloat16", "view_as", "reshape_as"}
+MASK_PASS = frozenset(_VIEWS | {"lift_fresh", "lift_fresh_copy", "bool"})
 #: Ops that carry attention scores or probabilities unchanged in form (from QK^T to AV).
-SCORE_PASS = frozenset({
-    "view", "reshape", "_unsafe_view", "expand", "expand_as", "unsqueeze", "squeeze", "contiguous", "clone",
-    "to", "_to_copy", "type_as", "detach", "alias", "mul", "div", "softmax", "_softmax", "_safe_softmax",
-    "dropout", "native_dropout", "feature_dropout", "float", "half", "bfloat16", "view_as", "reshape_as",
-})
+SCORE_PASS = frozenset(_VIEWS | {"mul", "div", "softmax", "_softmax", "_safe_softmax", "dropout", "native_dropout",
+                                 "feature_dropout"})
 
 
 SCORE_MASKING = frozenset({"masked_fill", "add", "where"})
@@ -59,21 +51,26 @@ def score_op(name: str) -> str:
     return name[:-1] if name.endswith("_") and name[:-1] in SCORE_MASKING | SCORE_PASS else name
 
 
+def argument_names(op: str) -> tuple[str, ...]:
+    """The arguments of *op* (``aten::name``: fused attention's mask and flag) in its schema's order (first overload);
+    () where torch does not know it by that name."""
+    namespace, _, name = op.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return tuple(argument.name for argument in getattr(packet, packet.overloads()[0])._schema.arguments)
+    except Exception:  # noqa: BLE001 - an op torch does not know by that name, or one without a schema
+        return ()
+
+
 def _complement(positions: tuple[Any, ...]) -> tuple[Any, ...]:
     kind = positions[0]
-    if kind == "all":
-        return ("none",)
-    if kind == "none":
-        return ("all",)
-    if kind == "lower":
-        return ("upper", positions[1] + 1)
-    return ("lower", positions[1] - 1)
+    if kind in ("all", "none"):
+        return ("none",) if kind == "all" else ("all",)
+    return ("upper", positions[1] + 1) if kind == "lower" else ("lower", positions[1] - 1)
 
 
 def _constant_fill(value: Any) -> Any:
     """A Python number, or the fill of an ("all",) pattern; None if neither."""
-    if isinstance(value, bool):
-        return value
     if isinstance(value, Number):
         return value
     if isinstance(value, tuple) and len(value) == 2 and value[0] == ("all",):
@@ -83,32 +80,26 @@ def _constant_fill(value: Any) -> Any:
 
 def mask_transfer(op: str, ins: list[Any]) -> Pattern | None:
     """The pattern of ``op(*ins)``, where each input is a Pattern, a constant, or None (unknown)."""
-    first = ins[0] if ins else None
+    first, second = [*ins, None, None][:2]
     if op in ("ones", "ones_like", "new_ones"):
         return (("all",), 1)
     if op in ("zeros", "zeros_like", "new_zeros"):
         return (("all",), 0)
-    if op in ("full", "full_like", "new_full"):
-        fill = _constant_fill(ins[1]) if len(ins) > 1 else None
-        return None if fill is None else (("all",), fill)
-    if op == "scalar_tensor":
-        fill = _constant_fill(first)
+    if op in ("full", "full_like", "new_full", "scalar_tensor"):
+        fill = _constant_fill(first if op == "scalar_tensor" else second)
         return None if fill is None else (("all",), fill)
     if not isinstance(first, tuple):
         return None
     positions, fill = first
     if op in ("tril", "triu"):
-        diagonal = ins[1] if len(ins) > 1 and isinstance(ins[1], int) else 0
         if positions != ("all",) or fill in (0, False, None):
             return None
-        return (("lower" if op == "tril" else "upper", diagonal), fill)
-    if op == "eq":
-        other = _constant_fill(ins[1]) if len(ins) > 1 else None
+        return (("lower" if op == "tril" else "upper", second if isinstance(second, int) else 0), fill)
+    if op in ("eq", "ne"):
+        other = _constant_fill(second)
         if other in (0, False):
-            return (_complement(positions), True)
-        if other is not None and other == fill:
-            return (positions, True)
-        return None
+            return (_complement(positions) if op == "eq" else positions, True)
+        return (positions, True) if op == "eq" and other is not None and other == fill else None
     if op in ("logical_not", "bitwise_not"):
         return (_complement(positions), True)
     if op == "slice":
@@ -116,34 +107,31 @@ def mask_transfer(op: str, ins: list[Any]) -> Pattern | None:
         start = ins[2] if len(ins) > 2 else None
         step = ins[4] if len(ins) > 4 else 1
         return first if start in (None, 0) and step in (None, 1) else None
-    if op in ("ne",):
-        other = _constant_fill(ins[1]) if len(ins) > 1 else None
-        return (positions, True) if other in (0, False) else None
     if op in MASK_PASS:
         return first
-    if op == "where":  # where(C, a, b) with constant a, b: an additive mask built from C
-        a, b = (_constant_fill(v) for v in ins[1:3]) if len(ins) >= 3 else (None, None)
-        if a is None or b is None:
+    if op == "where" and len(ins) >= 3:  # where(C, a, b) with constant a, b: an additive mask built from C
+        a, b = (_constant_fill(v) for v in ins[1:3])
+        if a is None or b is None or (a == 0) == (b == 0):
             return None
-        if a == 0 and b != 0:
-            return (_complement(positions), b)
-        if b == 0 and a != 0:
-            return (positions, a)
-        return None
-    if op == "masked_fill":  # zeros(...).masked_fill(M, -inf): an additive mask built from M
-        if positions == ("all",) and fill == 0 and len(ins) > 2 and isinstance(ins[1], tuple):
-            value = _constant_fill(ins[2])
-            return (ins[1][0], value) if value not in (None, 0) else None
-        return None
+        return (_complement(positions), b) if a == 0 else (positions, a)
+    if op == "masked_fill" and positions == ("all",) and fill == 0 and len(ins) > 2 and isinstance(ins[1], tuple):
+        value = _constant_fill(ins[2])  # zeros(...).masked_fill(M, -inf): an additive mask built from M
+        return (ins[1][0], value) if value not in (None, 0) else None
     return None
 
 
 def _label(masked: tuple[Any, ...] | None) -> str:
-    if masked is None:
+    return MASK_NONE if masked == ("none",) else MASK_CAUSAL if masked == _CAUSAL_MASKED else MASK_UNKNOWN
+
+
+def _additive(mask: Any) -> str:
+    """The label of a mask added to the scores (a Pattern, or None: unknown)."""
+    if not isinstance(mask, tuple):
         return MASK_UNKNOWN
-    if masked == ("none",):
+    positions, fill = mask
+    if positions == ("none",) or fill == 0:
         return MASK_NONE
-    return MASK_CAUSAL if masked == _CAUSAL_MASKED else MASK_UNKNOWN
+    return _label(positions) if isinstance(fill, (int, float)) and fill < 0 else MASK_UNKNOWN
 
 
 def masking_label(op: str, ins: list[Any], flow: int) -> str:
@@ -153,19 +141,9 @@ def masking_label(op: str, ins: list[Any], flow: int) -> str:
         return _label(mask[0] if isinstance(mask, tuple) else None)
     if op == "add":
         mask = ins[1 - flow] if flow in (0, 1) and len(ins) > 1 else None
-        if isinstance(mask, Number):
-            return MASK_NONE  # a constant shift changes nothing
-        if not isinstance(mask, tuple):
-            return MASK_UNKNOWN
-        positions, fill = mask
-        if positions == ("none",) or fill == 0:
-            return MASK_NONE
-        return _label(positions) if isinstance(fill, (int, float)) and fill < 0 else MASK_UNKNOWN
-    if op == "where" and len(ins) >= 3 and flow in (1, 2):
-        cond = ins[0]
-        if not isinstance(cond, tuple):
-            return MASK_UNKNOWN
-        return _label(_complement(cond[0]) if flow == 1 else cond[0])
+        return MASK_NONE if isinstance(mask, Number) else _additive(mask)  # a constant shift changes nothing
+    if op == "where" and len(ins) >= 3 and flow in (1, 2) and isinstance(ins[0], tuple):
+        return _label(_complement(ins[0][0]) if flow == 1 else ins[0][0])
     return MASK_UNKNOWN
 
 
@@ -176,24 +154,15 @@ def sdpa_label(is_causal: Any, has_mask: bool, attn_mask: Any, mask_is_bool: boo
     one is passed at all.
     """
     if not has_mask:
-        if is_causal is True:
-            return MASK_CAUSAL
-        return MASK_NONE if is_causal in (False, None) else MASK_UNKNOWN
-    if not isinstance(attn_mask, tuple):
-        return MASK_UNKNOWN
-    positions, fill = attn_mask
-    if mask_is_bool:
-        return _label(_complement(positions))
-    if positions == ("none",) or fill == 0:
-        return MASK_NONE
-    return _label(positions) if isinstance(fill, (int, float)) and fill < 0 else MASK_UNKNOWN
+        return MASK_CAUSAL if is_causal is True else MASK_NONE if is_causal in (False, None) else MASK_UNKNOWN
+    if mask_is_bool and isinstance(attn_mask, tuple):
+        return _label(_complement(attn_mask[0]))
+    return _additive(attn_mask)
 
 
 def combine(labels: Iterator[str] | list[str] | set[str]) -> str:
     found = {label for label in labels if label}
-    if not found:
-        return MASK_NONE
-    return MASK_CAUSAL if found == {MASK_CAUSAL} else MASK_UNKNOWN
+    return MASK_NONE if not found else MASK_CAUSAL if found == {MASK_CAUSAL} else MASK_UNKNOWN
 
 
 #: Ops whose result's pattern mask_transfer computes: the passes, the mask builders, the constructors.

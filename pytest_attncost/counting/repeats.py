@@ -39,8 +39,8 @@ from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it 
 from ..ops import OpRecord
 from .masks import Pattern
 
-__all__ = ["SHORTCUT", "NotRepeating", "Repeats", "Run", "alike", "copied", "full_trace", "layer_records",
-           "passes_through", "rename", "transported"]
+__all__ = ["SHORTCUT", "Copy", "NotRepeating", "Repeats", "Run", "alike", "copied", "full_trace", "layer_records",
+           "passes_through", "rename"]
 
 
 #: The switch: False inside :func:`full_trace` (a context variable: threads and tasks keep their own).
@@ -93,10 +93,8 @@ def _settings(module: nn.Module) -> tuple[Any, dict[tuple[str, str], Any]]:
         buffers = tuple((k, None if b is None else (type(b), tuple(b.shape), b.dtype, b.device.type))
                         for k, b in sub._buffers.items())
         structure.append((name, type(sub), params, buffers))
-        for key, value in vars(sub).items():
-            if key in ("_parameters", "_buffers", "_modules") or "hook" in key:
-                continue
-            settings[(name, key)] = value
+        settings.update({(name, key): value for key, value in vars(sub).items()
+                         if key not in ("_parameters", "_buffers", "_modules") and "hook" not in key})
     return tuple(structure), settings
 
 
@@ -134,9 +132,8 @@ class Repeats:
     def _plan(self, model: nn.Module, masks: Mapping[str, Pattern] | None) -> None:
         planned: list[str] = []
         for name, container in model.named_modules():
-            if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-                continue
-            if any(name == p or name.startswith(p + ".") for p in planned):
+            if not isinstance(container, (nn.ModuleList, nn.Sequential)) or any(
+                    name == p or name.startswith(p + ".") for p in planned):
                 continue
             children = list(container.named_children())
             if len(children) < 3 or len({id(m) for _, m in children}) != len(children):
@@ -178,11 +175,11 @@ class Repeats:
             by_module.setdefault(sub_name, set()).add(key)
         for layer in run.modules[:2]:
             for sub_name, keys in by_module.items():
-                self._watch(layer.get_submodule(sub_name) if sub_name else layer, frozenset(keys))
+                self._watch(layer.get_submodule(sub_name), frozenset(keys))  # "": the layer itself
         for index, (name, layer) in enumerate(zip(run.names, run.modules)):
             forward = layer.forward
-            wrapper = self._traced(run, index, forward) if index < 2 else self._stub(run, name, forward)
-            layer.forward = wrapper  # type: ignore[method-assign]
+            layer.forward = (  # type: ignore[method-assign]
+                self._traced(run, index, forward) if index < 2 else self._stub(run, name, forward))
             self._undo.append(functools.partial(layer.__dict__.pop, "forward", None))
 
     def _watch(self, module: nn.Module, keys: frozenset[str]) -> None:
@@ -257,37 +254,27 @@ class Repeats:
             return False  # nested calls, or the second layer called another way
         if run.chained is None:
             moving = [i for i, (a, b) in enumerate(zip(leaves0, leaves1)) if a is not b]
-            if len(moving) != 1 or not isinstance(leaves1[moving[0]], torch.Tensor):
-                return False
-            if any(leaves1[moving[0]] is leaf for leaf in leaves0):
-                return False
-            if not all(_same(a, b) for a, b in zip(leaves0, leaves1)
-                       if not isinstance(a, torch.Tensor) and a is not b):
+            if (len(moving) != 1 or not isinstance(leaves1[moving[0]], torch.Tensor)
+                    or any(leaves1[moving[0]] is leaf for leaf in leaves0)
+                    or not all(_same(a, b) for a, b in zip(leaves0, leaves1)
+                               if not isinstance(a, torch.Tensor) and a is not b)):
                 return False
             run.chained = moving[0]
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if spec != spec1:
             return False
-        for position, (mine, theirs) in enumerate(zip(leaves, leaves1)):
-            if position != run.chained:
-                if not (mine is theirs or not isinstance(theirs, torch.Tensor) and _same(mine, theirs)):
-                    return False
-                continue
-            if not (type(mine) is type(theirs) and mine.shape == theirs.shape and mine.dtype == theirs.dtype
-                    and mine.device == theirs.device and mine.stride() == theirs.stride()
-                    and mine.requires_grad == theirs.requires_grad and mine.layout == theirs.layout):
-                return False
-        return True
+        mine, theirs = leaves[run.chained], leaves1[run.chained]
+        return (all(a is b or not isinstance(b, torch.Tensor) and _same(a, b)
+                    for position, (a, b) in enumerate(zip(leaves, leaves1)) if position != run.chained)
+                and type(mine) is type(theirs) and mine.shape == theirs.shape and mine.dtype == theirs.dtype
+                and mine.device == theirs.device and mine.stride() == theirs.stride()
+                and mine.requires_grad == theirs.requires_grad and mine.layout == theirs.layout)
 
     def check(self) -> None:
         """After the count: raise NotRepeating if a copy made cannot stand."""
-        if not any(run.replicated for run in self.runs):
-            return
-        if self.read or self.broken:
+        replicated = [run for run in self.runs if run.replicated]
+        if replicated and (self.read or self.broken or any(len(run.calls) != 2 for run in replicated)):
             raise NotRepeating
-        for run in self.runs:
-            if run.replicated and len(run.calls) != 2:
-                raise NotRepeating
 
 
 def rename(scope: str, old: str, new: str) -> str | None:
@@ -335,22 +322,28 @@ def passes_through(records: list[OpRecord], first: list[int], second: list[int])
     return all(records[a].fed_by - before_first <= records[b].fed_by - before_second for a, b in zip(first, second))
 
 
-def transported(sources: Sequence[int], first: list[int], second: list[int], before: list[list[int]],
-                copy: list[int], passes: bool, elsewhere: Callable[[int], Sequence[int]]) -> tuple[int, ...]:
-    """What the second layer took from *sources*, as the copy made at *copy* takes it.
+@dataclass(frozen=True)
+class Copy:
+    """Where a copy made of a run's second layer stands, in record indices: the first layer's, the second's, the
+    run's layers up to the copy (*before*), the copy's own (*at*); whether the layers pass their input on."""
 
-    From inside the second layer: from the copy, position for position. From the first layer (the one
-    before the second): from the layer before the copy, and where the layers pass their input on, from every
-    layer before it (*before*: the run's layers up to the copy, in order) as the full trace finds them.
-    Anything else through *elsewhere*.
-    """
-    in_second, in_first = {i: k for k, i in enumerate(second)}, {i: k for k, i in enumerate(first)}
-    found: set[int] = set()
-    for s in sources:
-        if s in in_second:
-            found.add(copy[in_second[s]])
-        elif s in in_first:
-            found.update(layer[in_first[s]] for layer in (before if passes else before[-1:]))
-        else:
-            found.update(elsewhere(s))
-    return tuple(sorted(found))
+    first: list[int]
+    second: list[int]
+    before: list[list[int]]
+    at: list[int]
+    passes: bool
+
+    def transported(self, sources: Sequence[int], elsewhere: Callable[[int], Sequence[int]]) -> tuple[int, ...]:
+        """What the second layer took from *sources*, as the copy takes it: from inside the second layer, from the
+        copy, position for position; from the first, from the layer before the copy, or, where the layers pass their
+        input on, from every layer before it (as the full trace finds them); anything else through *elsewhere*."""
+        in_second, in_first = {i: k for k, i in enumerate(self.second)}, {i: k for k, i in enumerate(self.first)}
+        found: set[int] = set()
+        for s in sources:
+            if s in in_second:
+                found.add(self.at[in_second[s]])
+            elif s in in_first:
+                found.update(layer[in_first[s]] for layer in (self.before if self.passes else self.before[-1:]))
+            else:
+                found.update(elsewhere(s))
+        return tuple(sorted(found))

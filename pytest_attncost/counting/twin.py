@@ -18,8 +18,8 @@ from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it 
 from ..families import patchify_conv
 from .graphs import graph_metadata, run_in_scopes
 
-__all__ = ["HOOKS_NOTE", "as_if_compiling", "drop_hooks", "kept_torch_state", "user_hooks", "meta_autocast", "meta_twin", "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves",
-           "unwrap"]
+__all__ = ["HOOKS_NOTE", "as_if_compiling", "drop_hooks", "kept_torch_state", "meta_autocast", "meta_twin",
+           "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves", "unwrap", "user_hooks"]
 
 
 SCRIPTED_MESSAGE = (
@@ -61,19 +61,14 @@ _GLOBAL_HOOK_DICTS = (
 
 @contextlib.contextmanager
 def no_global_hooks() -> Iterator[None]:
-    """Set the user's global module hooks aside while counting, and put them back, even on error.
-
-    The dictionaries are emptied and refilled in place (their handles hold them by reference),
-    so a hook removed later by its handle is still removed.
-    """
+    """Set the user's global module hooks aside while counting, and put them back, even on error: in place (their
+    handles hold the dictionaries), so a hook removed later by its handle is still removed."""
     from torch.nn.modules import module as module_mod
 
-    saved = []
-    for name in _GLOBAL_HOOK_DICTS:
-        hooks = getattr(module_mod, name, None)
-        if hooks is not None:
-            saved.append((hooks, dict(hooks)))
-            hooks.clear()
+    found = (getattr(module_mod, name, None) for name in _GLOBAL_HOOK_DICTS)
+    saved = [(hooks, dict(hooks)) for hooks in found if hooks is not None]
+    for hooks, _ in saved:
+        hooks.clear()
     full_backward = getattr(module_mod, "_global_is_full_backward_hook", None)
     try:
         yield
@@ -101,10 +96,9 @@ def meta_twin(model: nn.Module) -> nn.Module:
     for tensor in [*model.parameters(), *model.buffers()]:
         if id(tensor) in memo:
             continue
-        if tensor.layout == torch.strided:  # same sizes and strides; empty_like runs Python prims (100x slower)
-            twin = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta")
-        else:
-            twin = torch.empty_like(tensor, device="meta")
+        # same sizes and strides; empty_like runs Python prims (100x slower)
+        twin = (torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta")
+                if tensor.layout == torch.strided else torch.empty_like(tensor, device="meta"))
         if isinstance(tensor, nn.Parameter):
             twin = nn.Parameter(twin, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = twin
@@ -128,18 +122,16 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 
 def _plain_state(cls: type) -> bool:
     """Whether copy.deepcopy would copy an instance as nn.Module's __getstate__ dict, then __setstate__."""
-    return (getattr(cls, "__deepcopy__", None) is None and cls.__reduce_ex__ is object.__reduce_ex__
-            and cls.__reduce__ is object.__reduce__ and cls.__getstate__ is nn.Module.__getstate__
+    inherited = (("__reduce_ex__", object), ("__reduce__", object), ("__getstate__", nn.Module))
+    return (getattr(cls, "__deepcopy__", None) is None and all(getattr(cls, name) is getattr(base, name)
+                                                              for name, base in inherited)
             and all("__slots__" not in vars(base) for base in cls.__mro__[:-1]))
 
 
 def _copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
-    """``copy.deepcopy(module, memo)``, a module at a time: a third of the time on a BERT-base.
-
-    The same steps as deepcopy's (new instance, memo entry, each attribute deep-copied with the
-    shared memo, ``__setstate__``), except that the hook dictionaries ``drop_hooks`` clears
-    anyway start empty. A module whose class copies itself some other way goes to deepcopy.
-    """
+    """``copy.deepcopy(module, memo)``, a module at a time (a third of the time on a BERT-base): deepcopy's steps,
+    except that the hook dictionaries ``drop_hooks`` clears anyway start empty. A module whose class copies itself
+    some other way goes to deepcopy."""
     found = memo.get(id(module))
     if found is not None:
         return found  # type: ignore[no-any-return]
@@ -155,9 +147,6 @@ def _copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
         if key == "_modules":
             state[key] = type(value)((name, None if child is None else _copy_module(child, memo))
                                      for name, child in value.items())
-        elif key in ("_parameters", "_buffers"):
-            state[key] = type(value)((name, None if t is None else memo[id(t)] if id(t) in memo
-                                      else copy.deepcopy(t, memo)) for name, t in value.items())
         elif key in _HOOK_DICTS and type(value) in (dict, OrderedDict):
             state[key] = type(value)()
         else:
@@ -167,20 +156,14 @@ def _copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
 
 
 def _quantized_stand_in(module: nn.Module) -> nn.Module | None:
-    """A meta ``nn.Linear`` of the same shape for a dynamically quantized Linear.
-
-    Its packed int8 weight cannot live on the meta device, and neither tracer can run the
-    quantized kernel there; the product it computes is the same ``[.., in] @ [in, out]``,
-    so the twin counts that (an ``aten::linear`` with a parameter operand, like any Linear).
-    """
+    """A meta ``nn.Linear`` of the same shape for a dynamically quantized Linear, whose packed int8 weight cannot
+    live on the meta device: the twin counts the same ``[.., in] @ [in, out]`` as an ``aten::linear``."""
     from torch.ao.nn.quantized import dynamic as qdynamic
 
     if not isinstance(module, qdynamic.Linear):
         return None
     bias = module.bias() is not None
-    stand_in = nn.Linear(module.in_features, module.out_features, bias=bias, device="meta")
-    stand_in.requires_grad_(False)
-    return stand_in
+    return nn.Linear(module.in_features, module.out_features, bias=bias, device="meta").requires_grad_(False)
 
 
 def drop_hooks(clone: nn.Module) -> None:
@@ -199,16 +182,13 @@ def real_twin(model: nn.Module) -> nn.Module:
     return clone
 
 
-def tensor_leaves(value: Any, out: list[torch.Tensor]) -> None:
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors in *value*, through dicts, tuples and lists (anything else, a DynamicCache, carries no count)."""
     if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            tensor_leaves(item, out)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            tensor_leaves(item, out)
-    # anything else (DynamicCache, None, strings) carries no count and is dropped
+        return [value]
+    if isinstance(value, (Mapping, tuple, list)):
+        return [t for item in (value.values() if isinstance(value, Mapping) else value) for t in tensor_leaves(item)]
+    return []
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -224,13 +204,9 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def meta_autocast() -> Iterator[None]:
-    """``torch.autocast("meta", ...)`` does nothing while counting, instead of raising "unsupported scalarType".
-
-    Rotary embeddings run under ``torch.autocast(device_type=x.device.type, enabled=False)`` (transformers 4,
-    x-transformers); on the twin that device is ``meta``, which autocast does not know. Nothing is computed on
-    the meta device, so there is nothing to cast either: such a context is made a disabled CPU one. Put back
-    afterwards.
-    """
+    """``torch.autocast("meta", ...)`` is a disabled CPU autocast while counting, instead of raising "unsupported
+    scalarType": rotary embeddings run under ``torch.autocast(device_type=x.device.type, enabled=False)``
+    (transformers 4, x-transformers), and nothing computed on the meta device has anything to cast."""
     cls = torch.amp.autocast_mode.autocast
     original = cls.__init__
 
@@ -249,12 +225,9 @@ def meta_autocast() -> Iterator[None]:
 
 @contextlib.contextmanager
 def as_if_compiling() -> Iterator[None]:
-    """``torch.compiler.is_compiling()`` is true while a model runs on fake tensors.
-
-    Library code that reads tensor values where it may (transformers 4's padding warning and its choice of
-    ``is_causal`` from the mask's values) skips those reads when compiling, as it does under fvcore's
-    trace; on fake tensors a read has no value to give. Put back afterwards.
-    """
+    """``torch.compiler.is_compiling()`` is true while a model runs on fake tensors, which have no values to read:
+    library code skips its reads of tensor values when compiling (transformers 4's padding warning and its choice
+    of ``is_causal`` from the mask's values), as it does under fvcore's trace."""
     original = torch.compiler.is_compiling
     torch.compiler.is_compiling = lambda: True  # type: ignore[assignment]
     try:
@@ -283,8 +256,13 @@ def user_hooks(model: nn.Module) -> list[str]:
                     for hook in (getattr(module_mod, kind, None) or {}).values()]
 
 
-def _autocast(device: str) -> tuple[bool, Any]:
-    return torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+def _autocast(device: str) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """(read, restore) of autocast on *device*: whether it is enabled, and its dtype."""
+    def restore(value: tuple[bool, Any]) -> None:
+        torch.set_autocast_enabled(device, value[0])
+        torch.set_autocast_dtype(device, value[1])
+
+    return lambda: (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)), restore
 
 
 def _restore_device(device: torch.device) -> None:
@@ -307,10 +285,8 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
         lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
         lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
     "float32 matmul precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-    "cpu autocast": (lambda: _autocast("cpu"),
-                     lambda v: (torch.set_autocast_enabled("cpu", v[0]), torch.set_autocast_dtype("cpu", v[1]))),
-    "cuda autocast": (lambda: _autocast("cuda"),
-                      lambda v: (torch.set_autocast_enabled("cuda", v[0]), torch.set_autocast_dtype("cuda", v[1]))),
+    "cpu autocast": _autocast("cpu"),
+    "cuda autocast": _autocast("cuda"),
 }
 
 
