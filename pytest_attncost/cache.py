@@ -1,37 +1,16 @@
 """The cache key and the LRU: a repeated ``profile()`` of the same thing is served from memory.
 
-The key holds everything on the model that can decide a count:
+The key holds everything on the model that can decide a count (docs/fixture.md, "Repeats are free"): the
+module tree with each parameter's and buffer's shape, dtype, device type and ``requires_grad`` (never
+values); every attribute of every submodule (hooks and nn.Module's bookkeeping aside), described recursively
+up to :data:`MAX_DEPTH` and :data:`MAX_ITEMS`, functions by identity; every config reachable, with the
+private ``_attn_implementation`` / ``_experts_implementation`` its JSON omits; and the request (n, batch,
+the inputs' structure, roles, spec, name, options) with torch's MHA fast-path switch. What the key cannot
+describe makes the call uncacheable (:func:`cache_key` returns None); callable ``inputs=`` are never cached.
 
-* the module tree: every submodule's name and class, and the shape, dtype, device type and
-  ``requires_grad`` of each parameter and buffer (never their values: the count does not
-  depend on them);
-* every attribute of every submodule (public and private, nn.Module's own bookkeeping and
-  hooks aside, since the twin drops hooks): plain values, enums, dtypes, lists, tuples, dicts,
-  sets and dataclasses of those (described recursively, up to a depth and a size), tensors kept
-  as plain attributes (by shape and dtype), functions and methods (by identity: the key keeps a
-  reference, so an id is never reused), other submodules (by their name in the tree);
-* every config object reachable from the modules, sub-configs included: its JSON *and* the
-  private attributes that JSON omits (``_attn_implementation``, ``_experts_implementation``),
-  so an ``eager`` and an ``sdpa`` build never share an entry;
-* ``n``, ``batch``, the inputs' structure, shapes, dtypes and ``requires_grad``, ``roles=``,
-  ``spec=``, the name, every counting option, and torch's MHA fast-path switch.
-
-An attribute the key cannot describe (an object of a class it does not know, a container too
-deep or too large, an unhashable callable) might decide the count, so such a call is not
-cached at all: :func:`cache_key` returns None and the model is counted every time. Callable
-``inputs=`` are never cached either.
-
-What the key cannot see, and a cache hit can therefore get wrong:
-
-* module globals and registries the forward reads (transformers' ``ALL_ATTENTION_FUNCTIONS``,
-  a flag in the model's module);
-* functions monkeypatched in *other* modules (``torch.nn.functional.scaled_dot_product_attention``
-  replaced by a test, a patched method on the model's *class* rather than on the instance);
-* state inside a function or a bound method's object that is stored on a module (its
-  identity is in the key, not what it closes over), and values computed inside ``forward``.
-
-After changing any of these, call :func:`clear_cache`, or run pytest with
-``--attncost-no-cache`` (ini ``attncost_cache = false``), which sets :data:`enabled` to False.
+It cannot see module globals and registries the forward reads, functions patched in other modules or on the
+model's class, or state closed over by a function stored on a module: after changing those, call
+:func:`clear_cache` or run with ``--attncost-no-cache``.
 """
 
 from __future__ import annotations

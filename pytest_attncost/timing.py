@@ -6,52 +6,7 @@ baseline unless the user asks); this module puts the time next to them, to show 
 article's cost model and a real machine disagree ("attention: 40% of MACs, 58% of time at
 n=512 on this CPU").
 
-How a forward pass is timed:
-
-* The model runs for real: a deep copy of the user's model (their weights) or a model built
-  by a factory on the device (random weights), in eval mode, under ``no_grad``, on real
-  inputs (the user's, or the default inputs ``profile()`` counts, with random floats). The
-  user's model is never moved, cast, hooked or switched to eval.
-* ``warmup`` plain forwards, then ``repeats`` plain forwards timed whole (wall clock on the
-  CPU, CUDA events on a GPU): :attr:`Timing.forward`.
-* Then ``repeats`` forwards under ``torch.profiler``, with a profiler range per module call
-  (forward pre/post hooks on the copy). Every op the profiler sees directly inside
-  a module's range (not inside another op) is timed: its inclusive CPU time on the CPU, the
-  device time of the kernels it launched on a GPU.
-* Each op goes to a part by the same rules as ``profile()``'s MACs (:func:`parts.split`), with
-  the role map the profile carries (:attr:`Profile.roles`), extended to ops that do not multiply:
-
-  ====================  ===========================================================
-  where the op runs     part
-  ====================  ===========================================================
-  attention module      fused attention and products of two activations (QK^T, AV):
-                        ``attention_core``; products with a parameter (Q, K, V, O):
-                        ``attention_proj``; products with a buffer: ``other``;
-                        every other op (softmax, masking, head reshapes, dropout,
-                        rotary, and a residual or norm the model keeps inside the
-                        attention module): ``attention_core``, the part that is not
-                        a projection
-  FFN (rest of a layer) products with a parameter and every op that is not a
-                        product (activations, norms, residuals): ``ffn``; a product
-                        of two activations or with a buffer: ``other`` (as the
-                        count, which cannot place it)
-  outside the layers    ``other`` (embeddings, poolers, heads)
-  ====================  ===========================================================
-
-  With ``roles=`` the user's globs decide, and a fused attention op is a core wherever it runs.
-* Time between ops (Python, the module calls, the hooks and the profiler themselves) is
-  nobody's: it is :attr:`Timing.unattributed`, ``traced - attributed``, reported, never
-  spread over the parts.
-
-Whether a product has a parameter operand is read from the operand shapes the profiler
-records: ``aten::linear`` and convolutions take a weight; any other product whose operand has
-the shape (or the transposed shape) of a parameter of the module running it (or of its
-submodules) is a parameter product. The MACs of the timed products, computed from the same shapes, are kept in
-:attr:`Timing.timed_macs`; when they differ from the count, a note says so.
-
-Noise: every figure is a median over the repeats, with its spread (the median absolute
-deviation). A bound on a measured share fails only when broken beyond that spread, and only
-with at least ``MIN_REPEATS`` repeats (:func:`pytest_attncost.markers.check_time_bounds`).
+How a forward pass is timed, and where each op's time goes: docs/time.md ("How a forward pass is timed").
 """
 
 from __future__ import annotations
