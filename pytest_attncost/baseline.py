@@ -21,14 +21,15 @@ if TYPE_CHECKING:
 
 from . import files
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
-from .markers import increase_for
-from .reporting import SCHEMA, Row, RowKey, render_documents, row_key
+from .markers import GATED_PARTS, increase_for
+from .reporting import SCHEMA, Row, RowKey, field_of, render_documents, row_key
+from .request import PARTS
 
-__all__ = ["BaselineError", "Regression", "Saved", "compare", "entry_key", "is_baseline", "load", "merge", "save", "MAX_BYTES"]
+__all__ = ["BaselineError", "Regression", "Saved", "compare", "entry_key", "is_baseline", "load", "merge", "save",
+           "MAX_BYTES"]
 
 MAX_BYTES = 64 * 1024 * 1024
-PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
-_REQUIRED = {"test_id": str, "name": str, "n": int, "batch": int, **{p: int for p in PARTS}}
+_REQUIRED = {"test_id": str, "name": str, "n": int, "batch": int, **{p: int for p in GATED_PARTS}}
 
 Key = RowKey
 
@@ -39,8 +40,7 @@ class BaselineError(ValueError):
 
 def entry_key(entry: Mapping[str, Any]) -> Key:
     """A baseline entry's key: the identity of the row it was saved from (:func:`reporting.row_key`)."""
-    return row_key(entry["test_id"], entry["name"], entry["n"], entry["batch"], entry.get("mode"),
-                   entry.get("causal"), entry.get("backend"), entry.get("m"))
+    return row_key(entry["test_id"], entry)
 
 
 def _check_entry(row: Any, where: str, fix: str) -> None:
@@ -55,10 +55,10 @@ def _check_entry(row: Any, where: str, fix: str) -> None:
             raise BaselineError(f"{where} has {name}={value}, which no count can be; {fix}")
         if isinstance(value, str) and not value.strip():
             raise BaselineError(f"{where} has an empty {name!r}; {fix}")
-    parts = sum(row[part] for part in PARTS[1:])
+    parts = sum(row[part] for part in PARTS)
     if parts != row["total"]:
         raise BaselineError(f"{where} ({row['test_id']} [{row['name']}]) has total={row['total']:,} but its parts "
-                            f"({', '.join(PARTS[1:])}) add up to {parts:,}; {fix}")
+                            f"({', '.join(PARTS)}) add up to {parts:,}; {fix}")
     for name in ("mode", "causal", "backend"):
         if name in row and not isinstance(row[name], str):
             raise BaselineError(f"{where} has {name}={row[name]!r}, not a string such as 'forward'; {fix}")
@@ -176,10 +176,6 @@ class Regression:
                 f"(max_increase {self.allowed:g}%)")
 
 
-def _part(counts: Mapping[str, Any] | Profile, part: str) -> int:
-    return int(counts[part] if isinstance(counts, Mapping) else getattr(counts, part))
-
-
 def _memory_peak(counts: Mapping[str, Any] | Profile) -> int | None:
     """The memory estimate's peak, in bytes; None where memory was not estimated."""
     if isinstance(counts, Mapping):
@@ -188,7 +184,8 @@ def _memory_peak(counts: Mapping[str, Any] | Profile) -> int | None:
     return None if counts.memory is None else counts.memory.peak
 
 
-def _moved(before: int, after: int) -> str:
+def moved(before: int, after: int) -> str:
+    """One count's change as a cell: ``=``, ``+inf`` (from 0) or ``+1.20%``."""
     if before == after:
         return "="
     return "+inf" if before == 0 else f"{(after - before) / before * 100:+.2f}%"
@@ -200,8 +197,8 @@ def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
     'vs baseline' cell: the total's change, and the part that moved most when one did (``+1.20% (ffn +4.00%)``).
     *allowed*: percent for every part, or per part (:func:`~pytest_attncost.markers.parse_increase`)."""
     regressions = []
-    for part in PARTS:
-        before, after = int(baseline[part]), _part(now, part)
+    for part in GATED_PARTS:
+        before, after = int(baseline[part]), int(field_of(now, part))
         if after <= before:
             continue
         regression = Regression(part, before, after, increase_for(allowed, part))
@@ -213,11 +210,12 @@ def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
                                 increase_for(allowed, "peak_memory"), "B")
         if regression.change > regression.allowed:
             regressions.append(regression)
-    moved = [(abs(after - before) / before if before else math.inf, part, _moved(before, after))
-             for part in PARTS[1:] for before, after in [(int(baseline[part]), _part(now, part))] if before != after]
-    cell = _moved(int(baseline["total"]), _part(now, "total"))
-    if moved:
-        _, part, change = max(moved)
+    changes = [(abs(after - before) / before if before else math.inf, part, moved(before, after))
+               for part in PARTS for before, after in [(int(baseline[part]), int(field_of(now, part)))]
+               if before != after]
+    cell = moved(int(baseline["total"]), int(field_of(now, "total")))
+    if changes:
+        _, part, change = max(changes)
         cell += f" ({part} {change})"
     return regressions, cell
 

@@ -19,12 +19,15 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, cast
 
 from . import baseline, conventions, footprint, formulas, reporting
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
+from .markers import GATED_PARTS
+from .request import BACKENDS
 from .units import format_bytes
 from .units import table as text_table
 
@@ -101,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gated", action="store_true", default=None, help="gated FFN (SwiGLU/GeGLU, 3 matrices)")
     parser.add_argument("--layers", type=_positive, help="layers, for whole-model totals (default 12)")
     parser.add_argument("--experts", type=_non_negative,
-                        help="routed experts E of a mixture-of-experts FFN (0: dense); the FFN counted is the active one")
+                        help="routed experts E of a mixture-of-experts FFN (0: dense); the FFN counted is the "
+                             "active one")
     parser.add_argument("--top-k", type=_positive, help="experts each token runs through (with --experts)")
     parser.add_argument("--expert-ffn", type=_positive, help="one expert's FFN width (default: --ffn)")
     parser.add_argument("--shared-ffn", type=_non_negative, help="width of the shared experts (default 0)")
@@ -115,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "Face's conventions, with the terms each differs by from the exact count")
     published.add_argument("--vocab", type=_non_negative, default=0,
                            help="the output head's vocabulary, for the conventions that count it (default 0: none)")
-    published.add_argument("--causal", action="store_true", help="causal self-attention: the conventions that halve it do")
+    published.add_argument("--causal", action="store_true",
+                           help="causal self-attention: the conventions that halve it do")
     decode = parser.add_argument_group("decode (generation against a KV cache)")
     decode.add_argument("--decode", action="store_true",
                         help="also print the decode table: per new token, the core against a KV cache of n tokens, "
@@ -175,8 +180,18 @@ def default_lengths(spec: ModelSpec) -> list[int]:
     return sorted(lengths)
 
 
+def _float(value: Fraction | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _thresholds(spec: ModelSpec, cross: Fraction | None, quad: Fraction | None) -> dict[str, Any]:
+    return {"crossover_n": _float(cross), "quadratic_n": _float(quad),
+            "memory_crossover_n": footprint.memory_crossovers(spec)}
+
+
 def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]:
     rows = []
+    memory = footprint.memory_crossovers(spec) is not None
     for n in lengths:
         costs = formulas.layer_costs(spec, n, batch)
         rows.append({
@@ -191,18 +206,10 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
             "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
             "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
         })
-        if footprint.memory_crossovers(spec) is not None:  # what a training layer keeps: fp32, CPU's float dropout masks
+        if memory:  # what a training layer keeps: fp32, CPU's float dropout masks
             rows[-1]["activation_bytes"] = footprint.activation_bytes(spec, n, batch)
-    cross, quad = formulas.crossover_n(spec), formulas.quadratic_n(spec)
-    return {
-        "spec": spec.to_dict(),
-        "batch": batch,
-        "unit": "MAC",
-        "crossover_n": None if cross is None else float(cross),
-        "quadratic_n": None if quad is None else float(quad),
-        "memory_crossover_n": footprint.memory_crossovers(spec),
-        "rows": rows,
-    }
+    return {"spec": spec.to_dict(), "batch": batch, "unit": "MAC", "rows": rows,
+            **_thresholds(spec, formulas.crossover_n(spec), formulas.quadratic_n(spec))}
 
 
 def decode_lengths(spec: ModelSpec) -> list[int]:
@@ -222,30 +229,21 @@ def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_
         core = formulas.decode_attention_core(spec, n, 1, batch, sliding=sliding)
         proj = formulas.decode_attention_proj(spec, 1, batch)
         ffn = formulas.decode_ffn(spec, 1, batch)
-        model = formulas.decode_costs(spec, n, 1, batch)
+        whole = core + proj + ffn
         rows.append({
             "n": n,
             "attention_core": core,
             "attention_proj": proj,
             "ffn": ffn,
             "attention": core + proj,
-            "attention_share": (core + proj) / (core + proj + ffn) if core + proj + ffn else 0.0,
-            "core_share": core / (core + proj + ffn) if core + proj + ffn else 0.0,
-            "model": model.total,
+            "attention_share": (core + proj) / whole if whole else 0.0,
+            "core_share": core / whole if whole else 0.0,
+            "model": formulas.decode_costs(spec, n, 1, batch).total,
             "kv_cache_bytes": formulas.kv_cache_bytes(spec, n, batch, bytes_per_element),
         })
-    cross, quad = formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec)
-    attention = formulas.decode_attention_n(spec)
-    return {
-        "attention_n": None if attention is None else float(attention),
-        "batch": batch,
-        "bytes_per_element": bytes_per_element,
-        "unit": "MAC",
-        "crossover_n": None if cross is None else float(cross),
-        "quadratic_n": None if quad is None else float(quad),
-        "memory_crossover_n": footprint.memory_crossovers(spec),
-        "rows": rows,
-    }
+    return {"attention_n": _float(formulas.decode_attention_n(spec)), "batch": batch,
+            "bytes_per_element": bytes_per_element, "unit": "MAC", "rows": rows,
+            **_thresholds(spec, formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec))}
 
 
 def render_decode(data: dict[str, Any], spec: dict[str, Any]) -> str:
@@ -290,9 +288,8 @@ def render_generation(spec: ModelSpec, prompt: int, new_tokens: int, batch: int)
 def _threshold(value: float | None, multiple: int, hd: int, what: str) -> str:
     if value is None:  # no length where the linear terms are ahead: attention leads from the first token
         return f"{what} at every n (the FFN is no larger than the projections)"
-    exact = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
     same = f" = {multiple}hd" if value == multiple * hd else ""
-    return f"{what} at n = {exact}{same}"
+    return f"{what} at n = {_tokens(value)}{same}"
 
 
 def render(data: dict[str, Any], name: str) -> str:
@@ -337,9 +334,6 @@ _COMPARE_HELP = ("part-by-part differences of two JSON reports or baselines (--a
 _PROFILE_HELP = ("count a model of your own: import MODULE (dotted, or a .py file), build FACTORY() on the meta "
                  "device and print its costs at each length")
 
-#: Parts compared, in the report's order.
-PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
-
 #: Exit codes: 0 nothing grew too much, 1 a part grew beyond --max-increase, 2 a usage error.
 GREW = 1
 
@@ -362,14 +356,6 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
-def _change(before: int, after: int) -> str:
-    if before == after:
-        return "="
-    if before == 0:
-        return "+inf"
-    return f"{(after - before) / before * 100:+.2f}%"
-
-
 def _entries(count: int) -> str:
     return f"{count} entr{'y' if count == 1 else 'ies'}"
 
@@ -384,12 +370,12 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
     added = sorted(after.keys() - before.keys())
     removed = sorted(before.keys() - after.keys())
     pairs = [(key, key) for key in sorted(before.keys() & after.keys())] + _backend_moves(removed, added)
-    changed = [(a, b) for a, b in pairs if a != b or any(int(before[a][p]) != int(after[b][p]) for p in PARTS)]
+    changed = [(a, b) for a, b in pairs if a != b or any(int(before[a][p]) != int(after[b][p]) for p in GATED_PARTS)]
     unchanged = len(pairs) - len(changed)
     lines = [f"{old} ({_entries(len(before))}) → {new} ({_entries(len(after))}), counts in MAC:"]
     regressions: list[str] = []
     if changed:
-        headers = ["test", "model", "n", "batch", "total before", "total after", *(f"Δ {p}" for p in PARTS)]
+        headers = ["test", "model", "n", "batch", "total before", "total after", *(f"Δ {p}" for p in GATED_PARTS)]
         body = []
         for key, new_key in changed:
             a, b = before[key], after[new_key]
@@ -397,7 +383,7 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
             if key != new_key:  # one entry, counted by the other backend now
                 label[1] += f" (backend {key[-1]} → {new_key[-1]})"
             body.append([*label, f"{int(a['total']):,}", f"{int(b['total']):,}",
-                         *(_change(int(a[p]), int(b[p])) for p in PARTS)])
+                         *(baseline.moved(int(a[p]), int(b[p])) for p in GATED_PARTS)])
             found, _cell = baseline.compare(a, b, max_increase)
             regressions += [f"{label[0]} [{label[1]} n={key[2]} batch={key[3]}]: {r}" for r in found]
         lines += ["", f"changed ({len(changed)}):", *text_table(headers, body, right=range(2, len(headers)))]
@@ -476,7 +462,7 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--n", type=_positive, nargs="+", action="extend", metavar="N", required=True,
                         help="lengths: --n 512 2048, or --n 512 --n 2048")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
-    parser.add_argument("--backend", choices=("fvcore", "torch"), default=None,
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="counter: fvcore's jit trace (default) or torch's FlopCounterMode")
     parser.add_argument("--inputs", metavar="MODULE:FN",
                         help="the forward's inputs: FN(n, batch) returns a tuple of positional arguments or a dict "
@@ -511,8 +497,6 @@ def _check_target(target: str) -> None:
 def _import_module(target: str, module: str) -> Any:
     if module.endswith(".py") or os.sep in module or "/" in module:
         path = Path(module)
-        if not path.is_file():
-            raise TargetError(NO_FILE.format(target=target, path=path))
         name = f"_attncost_cli_{path.stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:  # pragma: no cover - a .py file always has a loader
@@ -549,9 +533,8 @@ def load_factory(target: str, expect: str = FACTORY) -> Callable[..., Any]:
     Raises:
         TargetError: no colon, a module that cannot be imported, a missing or non-callable attribute.
     """
-    module, sep, attribute = target.rpartition(":")
-    if not sep or not module or not attribute:
-        raise TargetError(NOT_A_TARGET.format(target=target))
+    _check_target(target)
+    module, _, attribute = target.rpartition(":")
     path = list(sys.path)
     try:  # the module's siblings import while it loads; ones its factory imports later are the user's to reach
         value: Any = _import_module(target, module)
@@ -570,12 +553,6 @@ def load_factory(target: str, expect: str = FACTORY) -> Callable[..., Any]:
         raise TargetError(NOT_CALLABLE.format(target=target, name=attribute, expect=expect,
                                               kind=f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"))
     return cast("Callable[..., Any]", value)
-
-
-def _deviation(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return "0" if value == 0 else f"{value:.2%}"
 
 
 def _profile(argv: Sequence[str]) -> int:
@@ -617,11 +594,9 @@ def _profile(argv: Sequence[str]) -> int:
         _print(reporting.render_json(rows).rstrip("\n"))
         return 0
     first = rows[0].profile
-    headers = ["n", "total", "attention_core", "attention_proj", "ffn", "other", "attn share", "deviation",
-               "warnings"]
-    body = [[f"{p.n:,}", f"{p.total:,}", f"{p.attention_core:,}", f"{p.attention_proj:,}", f"{p.ffn:,}",
-             f"{p.other:,}", f"{p.attention_share:.4f}", _deviation(p.deviation), str(len(p.warnings))]
-            for p in (r.profile for r in rows)]
+    headers = ["n", *GATED_PARTS, "attn share", "deviation", "warnings"]
+    body = [[f"{p.n:,}", *(f"{getattr(p, part):,}" for part in GATED_PARTS), f"{p.attention_share:.4f}",
+             reporting.deviation_cell(p.deviation), str(len(p.warnings))] for p in (r.profile for r in rows)]
     how = " (one run for all lengths)" if one_run else ""
     lines = [f"{args.target}: {first.name}, batch {args.batch}, counted by {first.backend}{how}, "
              "whole model in MAC (1 MAC = 2 FLOP):",
@@ -670,13 +645,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra["generation"], text = render_generation(spec, args.prompt, args.new_tokens, args.batch)
         texts.append(text)
     if args.conventions:
-        counted = {n: conventions.conventions(spec, n, args.batch, vocab=args.vocab, causal=args.causal) for n in lengths}
+        counted = {n: conventions.conventions(spec, n, args.batch, vocab=args.vocab, causal=args.causal)
+                   for n in lengths}
         extra["conventions"] = {str(n): [{"name": c.name, "macs": c.macs, "exact": c.exact, "differs": c.differs}
                                          for c in rows] for n, rows in counted.items()}
         body = [[f"{n:,}", c.name, f"{c.macs:,}", f"{c.relative:+.1%}", "; ".join(term for term, _ in c.differs)]
                 for n, rows in counted.items() for c in rows]
+        headers = ["n", "convention", "MAC", "vs exact", "differs by"]
         texts.append("\n".join(["published conventions (forward MACs; vs the exact count of the layers):",
-                                 *text_table(["n", "convention", "MAC", "vs exact", "differs by"], body, right=[0, 2, 3])]))
+                                 *text_table(headers, body, right=[0, 2, 3])]))
     if args.json:
         text = json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True)
     else:

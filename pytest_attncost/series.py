@@ -171,11 +171,11 @@ class Sweep(Series[Profile]):
         """:meth:`Profile.audit` over every length of the sweep (one batch size, forward passes)."""
         if len({(p.batch, p.mode) for p in self._items}) != 1 or self._items[0].mode != "forward":
             raise SweepError("a formula is audited over forward passes at one batch size")
-        return audit(formula, [(p.n, p.total, p.attention_core, p.other) for p in self._items], self.spec, self._items[0].batch)
+        counts = [(p.n, p.total, p.attention_core, p.other) for p in self._items]
+        return audit(formula, counts, self.spec, self._items[0].batch)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: the profiles plus both crossovers, measured and from the formula."""
-
         try:
             crossover, quadratic, error = self.crossover(), self.quadratic_crossover(), None
         except SweepError as exc:
@@ -225,10 +225,8 @@ class DecodeSweep(Series[Profile]):
         return None if spec is None else formulas.decode_crossover_n(spec)
 
     def to_dict(self) -> dict[str, Any]:
-        cross, formula = self.crossover(), self.formula_crossover()
         return {"name": self.name, "lengths": self.lengths, "mode": "decode", "new_tokens": self[0].new_tokens,
-                "crossover_n": None if cross is None else float(cross),
-                "formula_crossover_n": None if formula is None else float(formula),
+                "crossover_n": _number(self.crossover()), "formula_crossover_n": _number(self.formula_crossover()),
                 "profiles": [p.to_dict() for p in self]}
 
 

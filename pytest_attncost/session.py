@@ -36,6 +36,7 @@ from .markers import (
     parse_marker_kwargs,
 )
 from .reporting import Row, RowKey, SweepRow, render_export, render_json, render_markdown, render_terminal, row_key
+from .request import COMPONENTS, PARTS
 from .result import versions
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ SWEEP_PROPERTY = "attncost_sweep"
 LENGTH_ARG = "attncost_n"
 
 CHECKS_FAILED = "attncost checks failed"
-FALLBACK_MESSAGE = "counted by the torch backend because fvcore could not trace the model ({reason}) (--attncost-strict)"
+FALLBACK_MESSAGE = ("counted by the torch backend because fvcore could not trace the model ({reason}) "
+                    "(--attncost-strict)")
 CROSSCHECK_MESSAGE = "backends disagree on {part}: {first} {a:,} vs {second} {b:,} MAC (formula {formula})"
 
 
@@ -71,17 +73,13 @@ def _crosscheck(result: Profile, second: Any) -> tuple[dict[str, Any], list[str]
         return ({"agree": False, "backends": [result.backend, other], "error": second},
                 [f"cross-check: the {other} backend could not count the model: {second}"])
     formula = result.formula
-    parts = ("attention_core", "attention_proj", "ffn")
-    problems = []
-    for part in parts:
-        a, b = getattr(result, part), getattr(second, part)
-        if a != b:
-            expected = f"{getattr(formula, part):,}" if formula is not None else "n/a"
-            problems.append(CROSSCHECK_MESSAGE.format(part=part, first=result.backend, a=a, second=second.backend,
-                                                      b=b, formula=expected))
+    problems = [CROSSCHECK_MESSAGE.format(part=part, first=result.backend, a=getattr(result, part),
+                                          second=second.backend, b=getattr(second, part),
+                                          formula=f"{getattr(formula, part):,}" if formula is not None else "n/a")
+                for part in COMPONENTS if getattr(result, part) != getattr(second, part)]
     data = {"agree": not problems, "backends": [result.backend, second.backend],
-            result.backend: {p: getattr(result, p) for p in (*parts, "other")},
-            second.backend: {p: getattr(second, p) for p in (*parts, "other")}}
+            result.backend: {p: getattr(result, p) for p in PARTS},
+            second.backend: {p: getattr(second, p) for p in PARTS}}
     return data, problems
 
 
@@ -148,8 +146,7 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
         if second is not None:
             crosscheck, disagreements = _crosscheck(result, second)
             found += disagreements
-        key = row_key(item.nodeid, result.name, result.n, result.batch, result.mode, result.causal, result.backend,
-                      result.m)
+        key = row_key(item.nodeid, result)
         if settings.save_path is not None or baseline is not None:
             if key in keys_seen:
                 found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
@@ -581,7 +578,8 @@ class AttncostSession:
             return
         lines = []
         now = versions()
-        drift = [f"{name} {old} -> {now.get(name, 'absent')}" for name, old in sorted((baselines.compare_versions or {}).items())
+        drift = [f"{name} {old} -> {now.get(name, 'absent')}"
+                 for name, old in sorted((baselines.compare_versions or {}).items())
                  if name in ("torch", "fvcore", "pytest-attncost") and now.get(name) != old]
         if drift:
             lines.append(f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ")
