@@ -241,10 +241,8 @@ def merge(
     existing: Mapping[Key, Mapping[str, Any]], rows: Iterable[Mapping[str, Any]], prune: Prune | None
 ) -> list[dict[str, Any]]:
     """This run's profiles replace their entries; the others stay (unless *prune* drops them)."""
-    merged = {key: dict(value) for key, value in existing.items()}
     fresh = {entry_key(row): dict(row) for row in rows}
-    for key, row in fresh.items():
-        merged[key] = row
+    merged = {**{key: dict(value) for key, value in existing.items()}, **fresh}
     if prune is not None:
         # pruning, among the tests this run could see: tests that no longer exist go, and so do profiles a
         # test no longer makes (a test that profiled this run keeps exactly this run's profiles)

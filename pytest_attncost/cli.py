@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -404,14 +405,9 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
 def _backend_moves(removed: list[Any], added: list[Any]) -> list[tuple[Any, Any]]:
     """Entries that differ only in their backend, one on each side: the same entry, counted anew (taken out of
     *removed* and *added*)."""
-    def by_rest(keys: list[Any]) -> dict[Any, list[Any]]:
-        found: dict[Any, list[Any]] = {}
-        for key in keys:
-            found.setdefault(key[:-1], []).append(key)
-        return found
-
-    gone, new = by_rest(removed), by_rest(added)
-    moves = [(gone[rest][0], new[rest][0]) for rest in gone if len(gone[rest]) == 1 and len(new.get(rest, ())) == 1]
+    gone, new = (Counter(key[:-1] for key in keys) for keys in (removed, added))
+    once = {key[:-1]: key for key in added if new[key[:-1]] == 1}
+    moves = [(key, once[key[:-1]]) for key in removed if gone[key[:-1]] == 1 and key[:-1] in once]
     for a, b in moves:
         removed.remove(a)
         added.remove(b)

@@ -61,6 +61,10 @@ def key_label(key: RowKey) -> list[str]:
             str(batch)]
 
 
+#: A row's fields that only some rows have, left out of its JSON form when absent.
+_OPTIONAL = ("outcome", "vs_baseline", "crosscheck", "timing")
+
+
 @dataclass(frozen=True)
 class Row:
     """One profile in one test, with what its checks found.
@@ -96,7 +100,7 @@ class Row:
         data["skipped_matmul_ops"] = self.profile.skipped_matmul_ops
         data["problems"] = list(self.problems)
         data["verdict"] = self.verdict
-        for name in ("outcome", "vs_baseline", "crosscheck", "timing"):
+        for name in _OPTIONAL:
             value = getattr(self, name)
             if value is not None:
                 data[name] = dict(value) if isinstance(value, Mapping) else value
@@ -105,16 +109,8 @@ class Row:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Row:
         """Inverse of :meth:`to_dict` (a JSON report's or baseline's entry reads as a row too)."""
-        return cls(
-            test_id=str(data["test_id"]),
-            profile=Profile.from_dict(data),
-            problems=tuple(data.get("problems") or ()),
-            verdict=str(data.get("verdict") or "-"),
-            outcome=data.get("outcome"),
-            vs_baseline=data.get("vs_baseline"),
-            crosscheck=data.get("crosscheck"),
-            timing=data.get("timing"),
-        )
+        return cls(str(data["test_id"]), Profile.from_dict(data), tuple(data.get("problems") or ()),
+                   str(data.get("verdict") or "-"), **{name: data.get(name) for name in _OPTIONAL})
 
     def replace(self, **changes: Any) -> Row:
         return dataclasses.replace(self, **changes)

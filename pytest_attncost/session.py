@@ -134,12 +134,12 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
     for result in profiles:
         own = alone if id(result) in swept else bounds
         found = check_bounds(own, result, settings.unit) if own is not None else []
-        if settings.strict and result.skipped_matmul_ops:
-            ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
-            found.append(STRICT_MESSAGE.format(ops=ops))
-        if settings.strict and result.fallback:
-            found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
         if settings.strict:
+            if result.skipped_matmul_ops:
+                ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
+                found.append(STRICT_MESSAGE.format(ops=ops))
+            if result.fallback:
+                found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
             found += [WARNING_MESSAGE.format(warning=warning) for warning in result.warnings]
         crosscheck = None
         second = item.stash.get(CROSSCHECK_KEY, {}).get(id(result))
@@ -248,18 +248,15 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
         rows = sweep_verdicts(rows, judged, bool(bounds is not None and bounds.has_sweep_bounds))
         problems += [problem for _, found in judged for problem in found]
         if not body_passed:
-            problems = []
-            rows = [row.replace(problems=(), verdict="-") for row in rows]
-        # JSON strings, so --junitxml shows JSON and xdist ships plain text
-        properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
-        properties += [(SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
-                                                   sort_keys=True, allow_nan=False)) for made, found in judged]
-        if not body_passed:
-            problems = []
+            problems, rows = [], [row.replace(problems=(), verdict="-") for row in rows]
         elif bounds is not None and not rows:
             problems = [NO_PROFILE]
         elif bounds is not None and bounds.has_sweep_bounds and not sweeps:
             problems.append(NO_SWEEP)
+        # JSON strings, so --junitxml shows JSON and xdist ships plain text
+        properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
+        properties += [(SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
+                                                   sort_keys=True, allow_nan=False)) for made, found in judged]
     item.stash[PROPERTIES_KEY] = properties
     item.stash[CHECKED_KEY] = problems
     return problems
@@ -370,9 +367,8 @@ class AttncostSession:
             reasons.append(f"the run stopped early ({session.shouldstop or session.shouldfail})")
         if session.exitstatus == pytest.ExitCode.INTERRUPTED:
             reasons.append("the run was interrupted")
-        ran = sum(1 for outcome in self.outcomes.values())
-        if not reasons and ran < self.collected:
-            reasons.append(f"only {ran} of {self.collected} collected tests ran")
+        if not reasons and len(self.outcomes) < self.collected:
+            reasons.append(f"only {len(self.outcomes)} of {self.collected} collected tests ran")
         return "; ".join(dict.fromkeys(reasons)) if reasons else None
 
     def _prune_scope(self) -> tuple[str, ...] | str:
