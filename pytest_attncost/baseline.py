@@ -281,6 +281,10 @@ LOCK_LINK = ("the lock {lock} is a symbolic link (to {target}); a lock is never 
              "truncate the file it points to: delete the link")
 
 
+def entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
+
+
 @dataclass(frozen=True)
 class Saved:
     """What a save did: the entries the file holds now, how many this run added or changed, and whether the
@@ -294,10 +298,10 @@ class Saved:
     written: bool
 
     def __str__(self) -> str:
-        entries = f"{self.entries} {'entry' if self.entries == 1 else 'entries'}"
+        held = entries(self.entries)
         if not self.written:
-            return f"attncost: baseline {self.path} already held this run's profiles ({entries}): nothing written"
-        return (f"attncost: baseline saved to {self.path}: {entries} ({self.added} new, {self.changed} changed, "
+            return f"attncost: baseline {self.path} already held this run's profiles ({held}): nothing written"
+        return (f"attncost: baseline saved to {self.path}: {held} ({self.added} new, {self.changed} changed, "
                 f"{self.dropped} pruned)")
 
 

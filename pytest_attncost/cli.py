@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import importlib
 import importlib.util
 import json
@@ -77,12 +78,8 @@ def _integer(text: str, least: int, what: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
-    return _integer(text, 1, "a positive integer")
-
-
-def _non_negative(text: str) -> int:
-    return _integer(text, 0, "an integer >= 0")
+_positive = functools.partial(_integer, least=1, what="a positive integer")
+_non_negative = functools.partial(_integer, least=0, what="an integer >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,11 +171,8 @@ def resolve_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> M
 
 
 def default_lengths(spec: ModelSpec) -> list[int]:
-    lengths = {128, 512}
-    for value in (formulas.crossover_n(spec), formulas.quadratic_n(spec)):
-        if value is not None:
-            lengths.add(math.ceil(value))
-    return sorted(lengths)
+    thresholds = (formulas.crossover_n(spec), formulas.quadratic_n(spec))
+    return sorted({128, 512, *(math.ceil(value) for value in thresholds if value is not None)})
 
 
 def _float(value: Fraction | None) -> float | None:
@@ -215,11 +209,9 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
 
 def decode_lengths(spec: ModelSpec) -> list[int]:
     """128, 512, 4096 and the cache lengths where the decode thresholds are crossed."""
-    lengths = {128, 512, 4096}
-    for value in (formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec)):
-        if value is not None:
-            lengths.add(max(1, math.ceil(value) - 1))  # the cache of the first step whose context reaches it
-    return sorted(lengths)
+    thresholds = (formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec))
+    # the cache of the first step whose context reaches it
+    return sorted({128, 512, 4096, *(max(1, math.ceil(value) - 1) for value in thresholds if value is not None)})
 
 
 def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_per_element: int = 2) -> dict[str, Any]:
@@ -343,7 +335,7 @@ def _percent(text: str) -> float:
     try:
         value = float(text.strip().removesuffix("%"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}") from None
+        value = math.nan
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}")
     return value
@@ -355,10 +347,6 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--max-increase", type=_percent, default=0.0, metavar="PCT",
                         help="allowed growth of any part, in percent (default 0)")
     return parser
-
-
-def _entries(count: int) -> str:
-    return f"{count} entr{'y' if count == 1 else 'ies'}"
 
 
 def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list[str], int]:
@@ -373,7 +361,7 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
     pairs = [(key, key) for key in sorted(before.keys() & after.keys())] + _backend_moves(removed, added)
     changed = [(a, b) for a, b in pairs if a != b or any(int(before[a][p]) != int(after[b][p]) for p in GATED_PARTS)]
     unchanged = len(pairs) - len(changed)
-    lines = [f"{old} ({_entries(len(before))}) → {new} ({_entries(len(after))}), counts in MAC:"]
+    lines = [f"{old} ({baseline.entries(len(before))}) → {new} ({baseline.entries(len(after))}), counts in MAC:"]
     regressions: list[str] = []
     if changed:
         headers = ["test", "model", "n", "batch", "total before", "total after", *(f"Δ {p}" for p in GATED_PARTS)]

@@ -311,18 +311,6 @@ def time_lines(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def kv_cache_lines(rows: Sequence[Row]) -> list[str]:
-    """The KV cache each decode step read: its n tokens, every layer, K and V."""
-    return [f"{row.where}: {format_bytes(int(held))} ({int(held):,} bytes) for {row.profile.n:,} cached tokens, "
-            f"batch {row.profile.batch}"
-            for row in rows if (held := row.profile.kv_cache_bytes)]
-
-
-def warning_lines(rows: Sequence[Row]) -> list[str]:
-    """Every profile's warnings: numbers the plugin cannot stand behind, and why."""
-    return [f"{row.where}: {warning}" for row in rows for warning in row.profile.warnings]
-
-
 def crosscheck_lines(rows: Sequence[Row]) -> list[str]:
     """Both backends' verdicts; ``other`` may differ (elementwise ops count differently)."""
     lines = []
@@ -387,11 +375,13 @@ def sections(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), full: bool = 
                 {i: paths for i, paths in plots.items() if paths}),
         Section("ops fvcore skipped (not in the counts; elementwise ops are expected here)",
                 unsupported_lines(rows) if full else skipped_line(rows)),
-        Section("KV cache of the decode steps (n = tokens already in the cache)", kv_cache_lines(rows)),
+        Section("KV cache of the decode steps (n = tokens already in the cache)",  # every layer's K and V
+                [f"{row.where}: {format_bytes(int(held))} ({int(held):,} bytes) for {row.profile.n:,} cached tokens, "
+                 f"batch {row.profile.batch}" for row in rows if (held := row.profile.kv_cache_bytes)]),
         Section("memory (estimated on fake tensors with CPU kernels; see docs/memory.md)",
                 [f"{row.where}: {row.profile.memory.summary()}" for row in rows if row.profile.memory is not None]),
         Section(TIME_HEADER, time_lines(rows)),
-        Section(WARNINGS_HEADER, warning_lines(rows)),
+        Section(WARNINGS_HEADER, [f"{row.where}: {warning}" for row in rows for warning in row.profile.warnings]),
         Section("counted by the torch backend because fvcore could not trace",
                 [f"{r.test_id} [{r.profile.name}]: {r.profile.fallback}" for r in rows if r.profile.fallback]),
         Section("cross-check (attention_core, attention_proj, ffn must agree; other may differ)",

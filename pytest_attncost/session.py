@@ -267,26 +267,23 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
 
 @dataclass
 class Baselines:
-    """The --attncost-compare baseline and the --attncost-save file's current entries."""
+    """The --attncost-compare baseline's entries and the versions that made it."""
 
     compare: dict[RowKey, dict[str, Any]] | None = None
     compare_versions: dict[str, str] | None = None
-    existing: dict[RowKey, dict[str, Any]] | None = None
 
 
 def load_baselines(config: pytest.Config, settings: Settings) -> Baselines:
     """Controller: read and validate once; workers get the compare entries through workerinput."""
     if is_worker(config):
         shipped = config.workerinput.get("attncost_baseline")  # type: ignore[attr-defined]
-        if shipped is None:
-            return Baselines()
-        return Baselines(compare={entry_key(row): row for row in shipped})
+        return Baselines() if shipped is None else Baselines(compare={entry_key(row): row for row in shipped})
     result = Baselines()
     try:
         if settings.compare_path is not None:
             result.compare, result.compare_versions = load(settings.compare_path)
         if settings.save_path is not None and settings.save_path.exists():
-            result.existing, _ = load(settings.save_path)
+            load(settings.save_path)  # a file the save could not merge into is refused before the tests run
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
     return result
@@ -421,17 +418,13 @@ class AttncostSession:
             self.outcomes.setdefault(report.nodeid, "passed")
         if report.when != "teardown":
             return
-        index = 0
-        for key, value in report.user_properties:
-            if key in (USER_PROPERTY, SWEEP_PROPERTY):
-                data = _ours(value)
-                if data is None:  # a user's own record_property("attncost", ...) is theirs
-                    pass
-                elif key == SWEEP_PROPERTY:
-                    self.sweeps[(report.nodeid, index)] = SweepRow.from_dict(data)
-                elif "verdict" in data and "problems" in data:  # a row of ours: one that cannot be read is a bug
-                    self.rows[(report.nodeid, index)] = Row.from_dict(data)
-            index += 1
+        for index, (key, value) in enumerate(report.user_properties):
+            # None: a user's own record_property("attncost", ...), which is theirs
+            data = _ours(value) if key in (USER_PROPERTY, SWEEP_PROPERTY) else None
+            if data is not None and key == SWEEP_PROPERTY:
+                self.sweeps[(report.nodeid, index)] = SweepRow.from_dict(data)
+            elif data is not None and "verdict" in data and "problems" in data:  # ours: one unread is a bug
+                self.rows[(report.nodeid, index)] = Row.from_dict(data)
 
     def final_sweeps(self) -> list[SweepRow]:
         return sorted(self.sweeps.values(), key=lambda s: s.key)
@@ -468,16 +461,13 @@ class AttncostSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.plot_dir is not None and sweeps:
             self._write("plots", self.settings.plot_dir, lambda: self._plot(sweeps, unit), errors=Exception)
-        if self.settings.json_path is not None:
-            self._write("json", self.settings.json_path,
-                        lambda: files.write(self.settings.json_path, render_json(rows, unit, sweeps)))  # type: ignore[arg-type]
+        if (json_path := self.settings.json_path) is not None:
+            self._write("json", json_path, lambda: files.write(json_path, render_json(rows, unit, sweeps)))
         for kind, path in self.settings.exports:
             self._write(kind, path, functools.partial(files.write, path, render_export(kind, rows)))
-        markdown = None
-        if self.settings.markdown_path is not None:
-            markdown = render_markdown(rows, unit, sweeps, self.settings.markdown_path.parent)
-            self._write("markdown", self.settings.markdown_path,
-                        lambda: files.write(self.settings.markdown_path, markdown))  # type: ignore[arg-type]
+        if (markdown_path := self.settings.markdown_path) is not None:
+            markdown = render_markdown(rows, unit, sweeps, markdown_path.parent)
+            self._write("markdown", markdown_path, lambda: files.write(markdown_path, markdown))
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary and (self.settings.report or self.settings.markdown_path is not None):
             text = render_markdown(rows, unit, sweeps, link_plots=False)
@@ -579,13 +569,11 @@ class AttncostSession:
                  if name in ("torch", "fvcore", "pytest-attncost") and now.get(name) != old]
         if drift:
             lines.append(f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ")
-        new = sorted({(r.test_id, r.profile.name, r.profile.n, r.profile.batch) for r in self.rows.values()
-                      if r.vs_baseline == "new"})
+        new = sorted({r.key[:4] for r in self.rows.values() if r.vs_baseline == "new"})
         lines += [f"new (not in the baseline): {t} [{name} n={n} batch={b}]" for t, name, n, b in new]
-        missing = self.missing()
         strict = " (fails the run: --attncost-compare-strict)" if self.settings.compare_strict else ""
         lines += [f"missing (in the baseline, not seen in this run){strict}: {t} [{name} n={n} batch={b}]"
-                  for t, name, n, b, *_ in missing]
+                  for t, name, n, b, *_ in self.missing()]
         if lines:
             terminalreporter.write_sep("-", f"attncost baseline {self.settings.compare_path}")
             for line in lines:
