@@ -603,10 +603,8 @@ def _print(text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "compare":
-        return _compare(argv[1:])
-    if argv and argv[0] == "profile":
-        return _profile(argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return {"compare": _compare, "profile": _profile}[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is not None:  # a subcommand after formula options
@@ -620,8 +618,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.prompt is None) != (args.new_tokens is None):
         parser.error("--prompt and --new-tokens go together: the generation's cost needs both")
     if args.decode or args.prompt is not None:
-        if spec.cross_attention:  # pragma: no cover - the CLI builds self-attention specs only
-            parser.error("--decode describes decoder-only models")
         decode = decode_table(spec, args.n or decode_lengths(spec), args.batch, KV_DTYPES[args.kv_dtype])
         extra["decode"] = {**decode, "kv_dtype": args.kv_dtype}
         texts.append(render_decode(decode, spec.to_dict()))

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from . import files, formulas
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
@@ -93,9 +93,9 @@ def count_ticks(ax: Any) -> None:
         Fraction(value).limit_denominator(1000), "mac", suffix=False)))
 
 
-def _over_n(ns: list[int], title: str, directory: Path, stem: str, draw: Callable[[Any], None],
-            legend: Literal["best", "upper left"] = "best") -> list[Path]:
-    """A figure vs n (log axis, the measured lengths ticked) that *draw* fills, saved as ``<stem>.png``, ``.svg``."""
+def _over_n(ns: list[int], title: str, directory: Path, stem: str, draw: Callable[[Any], None]) -> list[Path]:
+    """A figure vs n (log axis, the measured lengths ticked) that *draw* fills and labels, saved as
+    ``<stem>.png`` and ``.svg``."""
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -107,7 +107,6 @@ def _over_n(ns: list[int], title: str, directory: Path, stem: str, draw: Callabl
         ax.set_xlabel("sequence length n (tokens)")
         ax.set_title(title)
         _length_ticks(ax, ns)
-        ax.legend(fontsize=8, loc=legend)
         return _save(figure, directory, stem)
 
 
@@ -119,6 +118,7 @@ def shares_plot(ns: list[int], title: str, directory: Path, stem: str, draw: Cal
         draw(ax)
         ax.set_ylabel("share of attention + FFN")
         ax.set_ylim(0, 1)
+        ax.legend(fontsize=8, loc="best")
 
     return _over_n(ns, title, directory, stem, shares)
 
@@ -149,9 +149,10 @@ def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = 
         ax.set_yscale("linear")
         ax.set_ylabel(f"{unit.upper()} (whole model, batch {rows[0]['batch']}; K/M/G/T = 10^3/6/9/12)")
         count_ticks(ax)
+        ax.legend(fontsize=8, loc="upper left")
 
     return (shares_plot(ns, f"{data['name']}: where attention takes over", directory, f"{stem}-shares", shares)
-            + _over_n(ns, f"{data['name']}: cost by part", directory, f"{stem}-parts", parts, "upper left"))
+            + _over_n(ns, f"{data['name']}: cost by part", directory, f"{stem}-parts", parts))
 
 
 def plot_time_shares(data: Mapping[str, Any], directory: Path, stem: str) -> list[Path]:

@@ -258,11 +258,8 @@ def threshold_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def unsupported_lines(rows: Sequence[Row]) -> list[str]:
-    """Ops fvcore skipped, one line per model and set of ops; matrix products among them are flagged.
-
-    Profiles of one model usually skip the same ops at every length, so they share a line
-    that names them all (the first three, then how many more).
-    """
+    """Ops fvcore skipped, one line per model and set of ops (a model skips the same ops at every length, so its
+    profiles share a line that names the first three); matrix products among them are flagged."""
     groups: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         ops = row.profile.unsupported_ops
@@ -395,9 +392,7 @@ def _short_ids(ids: Sequence[str]) -> list[str]:
     """Test ids without the directory they all share (``examples/``)."""
     directories = [i.split("::", 1)[0].rpartition("/")[0] for i in ids]
     common = os.path.commonpath(directories) if all(directories) else ""
-    if not common:
-        return list(ids)
-    return [i[len(common) + 1 :] for i in ids]
+    return [i[len(common) + 1 :] for i in ids] if common else list(ids)
 
 
 def _middle_cut(text: str, width: int) -> str:
@@ -434,14 +429,8 @@ def _cut_name(text: str, width: int) -> str:
 
 
 def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
-    """Fit the table to *width*: shorter test ids, then fewer columns, then ids and names cut in the middle.
-
-    Columns go least essential first (other, linear saving, quadratic share, the cross-check's
-    agreement, which has its own section, a batch of 1), then the ids are cut to 32 characters,
-    then the deviation and the parts' counts go (FFN, attention), then names and ids are cut
-    further, then the attention share; the total is the last column to go (with the baseline's
-    cell). The test, model, n and verdict always stay.
-    """
+    """Fit the table to *width*: shorter test ids, then fewer columns (least essential first; the cross-check's
+    agreement has its own section), then ids and names cut further. The test, model, n and verdict always stay."""
     def total(h: list[str], b: list[list[str]]) -> int:
         return sum(max(len(x), *(len(r[i]) for r in b)) for i, x in enumerate(h)) + 2 * (len(h) - 1)
 
