@@ -29,7 +29,8 @@ from . import baseline, conventions, footprint, formulas, reporting
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
 from .markers import GATED_PARTS
-from .request import BACKENDS
+from .request import BACKENDS, COMPONENTS
+from .series import as_float
 from .units import format_bytes
 from .units import table as text_table
 
@@ -175,12 +176,8 @@ def default_lengths(spec: ModelSpec) -> list[int]:
     return sorted({128, 512, *(math.ceil(value) for value in thresholds if value is not None)})
 
 
-def _float(value: Fraction | None) -> float | None:
-    return None if value is None else float(value)
-
-
 def _thresholds(spec: ModelSpec, cross: Fraction | None, quad: Fraction | None) -> dict[str, Any]:
-    return {"crossover_n": _float(cross), "quadratic_n": _float(quad),
+    return {"crossover_n": as_float(cross), "quadratic_n": as_float(quad),
             "memory_crossover_n": footprint.memory_crossovers(spec)}
 
 
@@ -191,10 +188,7 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
         costs = formulas.layer_costs(spec, n, batch)
         rows.append({
             "n": n,
-            "attention": costs.attention,
-            "ffn": costs.ffn,
-            "attention_core": costs.attention_core,
-            "attention_proj": costs.attention_proj,
+            **{part: getattr(costs, part) for part in ("attention", *COMPONENTS)},
             "layer": costs.total,
             "model": formulas.model_costs(spec, n, batch).total,
             "attention_share": costs.attention / costs.total if costs.total else 0.0,
@@ -234,7 +228,7 @@ def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_
             "model": formulas.decode_costs(spec, n, 1, batch).total,
             "kv_cache_bytes": formulas.kv_cache_bytes(spec, n, batch, bytes_per_element),
         })
-    return {"attention_n": _float(formulas.decode_attention_n(spec)), "batch": batch,
+    return {"attention_n": as_float(formulas.decode_attention_n(spec)), "batch": batch,
             "bytes_per_element": bytes_per_element, "unit": "MAC", "rows": rows,
             **_thresholds(spec, formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec))}
 
