@@ -196,20 +196,13 @@ def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
     """Regressions of *now* (a profile, or another file's entry) against its baseline entry, and the
     'vs baseline' cell: the total's change, and the part that moved most when one did (``+1.20% (ffn +4.00%)``).
     *allowed*: percent for every part, or per part (:func:`~pytest_attncost.markers.parse_increase`)."""
-    regressions = []
-    for part in GATED_PARTS:
-        before, after = int(baseline[part]), int(field_of(now, part))
-        if after <= before:
-            continue
-        regression = Regression(part, before, after, increase_for(allowed, part))
-        if regression.change > regression.allowed:
-            regressions.append(regression)
-    peaks = _memory_peak(baseline), _memory_peak(now)
-    if None not in peaks and peaks[1] > peaks[0]:  # type: ignore[operator]  # both estimated memory
-        regression = Regression("peak_memory", int(peaks[0]), int(peaks[1]),  # type: ignore[arg-type]
-                                increase_for(allowed, "peak_memory"), "B")
-        if regression.change > regression.allowed:
-            regressions.append(regression)
+    counts = [(part, int(baseline[part]), int(field_of(now, part)), "MAC") for part in GATED_PARTS]
+    peak_before, peak_after = _memory_peak(baseline), _memory_peak(now)
+    if peak_before is not None and peak_after is not None:  # both estimated memory
+        counts.append(("peak_memory", peak_before, peak_after, "B"))
+    grown = [Regression(part, before, after, increase_for(allowed, part), unit)
+             for part, before, after, unit in counts if after > before]
+    regressions = [regression for regression in grown if regression.change > regression.allowed]
     changes = [(abs(after - before) / before if before else math.inf, part, moved(before, after))
                for part in PARTS for before, after in [(int(baseline[part]), int(field_of(now, part)))]
                if before != after]

@@ -279,10 +279,9 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
 def time_lines(rows: Sequence[Row]) -> list[str]:
     """Per measured profile: attention's share of the MACs and of the time, and on this CPU each part's roofline
     time beside its measured time; then, per model, where the shares disagree most."""
-    measured = [row for row in rows if row.timing]
+    measured = [(row, row.timing) for row in rows if row.timing]
     lines = []
-    for row in measured:
-        t: Mapping[str, Any] = row.timing  # type: ignore[assignment]
+    for row, t in measured:
         spread = t.get("spread", {}).get("attention_time_share")
         plus = f" ± {spread:.3f}" if isinstance(spread, (int, float)) else ""
         lines.append(f"{row.where}: attention {t['attention_mac_share']:.3f} of "
@@ -296,13 +295,9 @@ def time_lines(rows: Sequence[Row]) -> list[str]:
                 f"{format_seconds(t['seconds']['forward' if r.part == 'total' else r.part])}"
                 for r in roofs if r.flops))
 
-    def gap(row: Row) -> float:
-        t: Mapping[str, Any] = row.timing  # type: ignore[assignment]
-        return abs(t["attention_time_share"] - t["attention_mac_share"])
-
-    for name in sorted({row.profile.name for row in measured}):
-        widest = max((row for row in measured if row.profile.name == name), key=gap)
-        t = widest.timing or {}
+    for name in sorted({row.profile.name for row, _ in measured}):
+        widest, t = max(((row, t) for row, t in measured if row.profile.name == name),
+                        key=lambda pair: abs(pair[1]["attention_time_share"] - pair[1]["attention_mac_share"]))
         lines.append(f"{name}: attention: {t['attention_mac_share']:.0%} of MACs, {t['attention_time_share']:.0%} "
                      f"of time at n={widest.profile.n} on {t.get('device_name') or t.get('device')} (widest gap)")
     return lines
