@@ -546,19 +546,16 @@ def _profile(argv: Sequence[str]) -> int:
         parser.error(str(exc))
     from .api import ProfileError, profile, sweep
 
-    rows = []
-    one_run = False
+    swept = None
     if args.backend == "torch" and len(set(args.n)) == len(args.n) > 1:
         try:  # the torch backend counts a sweep's lengths in one run; any trouble, and each n is counted alone
             swept = sweep(factory, args.n, batch=args.batch, backend="torch", inputs=inputs, spec=args.spec)
         except ProfileError:
-            swept = None
+            pass
         except SystemExit as exc:  # not KeyboardInterrupt: that one ends the command
             parser.error(EXITED.format(target=args.target, code=exc.code))
-        if swept is not None:
-            one_run = swept.one_run
-            by_n = {p.n: p for p in swept}
-            rows = [reporting.Row(args.target, by_n[n]) for n in args.n]
+    by_n = {p.n: p for p in swept or ()}
+    rows = [reporting.Row(args.target, by_n[n]) for n in args.n if n in by_n]
     for n in args.n if not rows else ():
         try:
             result = profile(factory, n, batch=args.batch, backend=args.backend, inputs=inputs, spec=args.spec)
@@ -575,7 +572,7 @@ def _profile(argv: Sequence[str]) -> int:
     headers = ["n", *GATED_PARTS, "attn share", "deviation", "warnings"]
     body = [[f"{p.n:,}", *(f"{getattr(p, part):,}" for part in GATED_PARTS), f"{p.attention_share:.4f}",
              reporting.deviation_cell(p.deviation), str(len(p.warnings))] for p in (r.profile for r in rows)]
-    how = " (one run for all lengths)" if one_run else ""
+    how = " (one run for all lengths)" if swept is not None and swept.one_run else ""
     lines = [f"{args.target}: {first.name}, batch {args.batch}, counted by {first.backend}{how}, "
              "whole model in MAC (1 MAC = 2 FLOP):",
              *text_table(headers, body, right=range(len(headers)), rule=False),

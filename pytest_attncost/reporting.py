@@ -360,11 +360,10 @@ def skipped_line(rows: Sequence[Row]) -> list[str]:
 def sections(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), full: bool = True) -> list[Section]:
     """Everything under the table, in order; empty sections are left out. Rows must be sorted. Without *full*,
     the skipped ops are one line."""
-    plots = {i: [p for p in row.plots if p.endswith(".png")] for i, row in enumerate(sweeps)}
+    plots = {i: paths for i, row in enumerate(sweeps) if (paths := [p for p in row.plots if p.endswith(".png")])}
     found = [
         Section("thresholds (per layer, from the formula)", threshold_lines(rows)),
-        Section("sweeps (thresholds solved exactly from the measured counts)", sweep_lines(sweeps),
-                {i: paths for i, paths in plots.items() if paths}),
+        Section("sweeps (thresholds solved exactly from the measured counts)", sweep_lines(sweeps), plots),
         Section("ops fvcore skipped (not in the counts; elementwise ops are expected here)",
                 unsupported_lines(rows) if full else skipped_line(rows)),
         Section("KV cache of the decode steps (n = tokens already in the cache)",  # every layer's K and V
