@@ -68,19 +68,6 @@ def _write_figure(figure: Any, path: Path, fmt: str) -> None:
     files.write(path, buffer.getvalue())
 
 
-def _save(figure: Any, directory: Path, stem: str) -> list[Path]:
-    paths = [directory / f"{stem}.{fmt}" for fmt in FORMATS]
-    for path, fmt in zip(paths, FORMATS):
-        _write_figure(figure, path, fmt)
-    return paths
-
-
-def _length_ticks(ax: Any, ns: list[int]) -> None:
-    """Tick the measured lengths themselves, written out (512, not 2^9)."""
-    ax.set_xticks(ns, [f"{n:,}" for n in ns])
-    ax.minorticks_off()
-
-
 def count_ticks(ax: Any) -> None:
     """Counts on the y axis with the report's decimal prefixes (``40G``, ``1.5T``): no ``1e8`` offset.
 
@@ -106,8 +93,12 @@ def _over_n(ns: list[int], title: str, directory: Path, stem: str, draw: Callabl
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length n (tokens)")
         ax.set_title(title)
-        _length_ticks(ax, ns)
-        return _save(figure, directory, stem)
+        ax.set_xticks(ns, [f"{n:,}" for n in ns])  # the measured lengths themselves, written out (512, not 2^9)
+        ax.minorticks_off()
+        paths = [directory / f"{stem}.{fmt}" for fmt in FORMATS]
+        for path, fmt in zip(paths, FORMATS):
+            _write_figure(figure, path, fmt)
+        return paths
 
 
 def shares_plot(ns: list[int], title: str, directory: Path, stem: str, draw: Callable[[Any], None]) -> list[Path]:

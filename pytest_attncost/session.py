@@ -189,17 +189,11 @@ def accept_line(item: pytest.Item, settings: Settings) -> str:
 def sweep_verdicts(rows: list[Row], judged: list[tuple[Sweep, list[str]]], bounded: bool) -> list[Row]:
     """Each row's verdict as the sweeps that hold its profile judged it too: ``FAIL`` on every row of a sweep
     whose crossover bound broke (the test failed on them), ``ok`` on a row a passed sweep bound checked."""
-    if not bounded:
-        return rows
-    judged_rows = []
-    for row in rows:
+    def verdict(row: Row) -> str:
         verdicts = [bool(found) for made, found in judged if any(row.profile is p or row.profile == p for p in made)]
-        if any(verdicts):
-            row = row.replace(verdict="FAIL")
-        elif verdicts and row.verdict == "-":
-            row = row.replace(verdict="ok")
-        judged_rows.append(row)
-    return judged_rows
+        return "FAIL" if any(verdicts) else "ok" if verdicts and row.verdict == "-" else row.verdict
+
+    return [row.replace(verdict=verdict(row)) for row in rows] if bounded else rows
 
 
 class AttncostCheckError(AssertionError):
