@@ -492,11 +492,10 @@ def _import_module(target: str, module: str) -> Any:
         sys.path.insert(0, os.getcwd())
     try:
         return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-            raise TargetError(NO_MODULE.format(target=target, error=exc)) from exc
-        raise TargetError(IMPORT_FAILED.format(target=target, module=module, error=_error(exc))) from exc
     except Exception as exc:  # noqa: BLE001 - the module is the user's code
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and (module == missing or module.startswith(missing + ".")):  # not a module it imports
+            raise TargetError(NO_MODULE.format(target=target, error=exc)) from exc
         raise TargetError(IMPORT_FAILED.format(target=target, module=module, error=_error(exc))) from exc
 
 
