@@ -166,9 +166,8 @@ def resolve_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> M
         moe = {"experts": experts, "top_k": top_k, "expert_ffn_dim": expert_ffn, "shared_ffn_dim": shared}
     elif args.top_k or args.expert_ffn or args.shared_ffn:
         parser.error("--top-k, --expert-ffn and --shared-ffn describe a mixture of experts: give --experts too")
-    window = getattr(args, "sliding_window", None)
     return ModelSpec(hidden, heads, head_dim, layers, ffn, kv_heads=kv_heads, gated=gated, **moe,
-                     sliding_window=window)
+                     sliding_window=args.sliding_window)
 
 
 def default_lengths(spec: ModelSpec) -> list[int]:
