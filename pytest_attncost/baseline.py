@@ -21,14 +21,15 @@ if TYPE_CHECKING:
 
 from . import files
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
-from .markers import increase_for
-from .reporting import SCHEMA, Row, RowKey, render_documents, row_key
+from .markers import GATED_PARTS, increase_for
+from .reporting import SCHEMA, Row, RowKey, field_of, render_documents, row_key
+from .request import PARTS
 
-__all__ = ["BaselineError", "Regression", "Saved", "compare", "entry_key", "is_baseline", "load", "merge", "save", "MAX_BYTES"]
+__all__ = ["BaselineError", "Regression", "Saved", "compare", "entry_key", "is_baseline", "load", "merge", "save",
+           "MAX_BYTES"]
 
 MAX_BYTES = 64 * 1024 * 1024
-PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
-_REQUIRED = {"test_id": str, "name": str, "n": int, "batch": int, **{p: int for p in PARTS}}
+_REQUIRED = {"test_id": str, "name": str, "n": int, "batch": int, **{p: int for p in GATED_PARTS}}
 
 Key = RowKey
 
@@ -39,8 +40,7 @@ class BaselineError(ValueError):
 
 def entry_key(entry: Mapping[str, Any]) -> Key:
     """A baseline entry's key: the identity of the row it was saved from (:func:`reporting.row_key`)."""
-    return row_key(entry["test_id"], entry["name"], entry["n"], entry["batch"], entry.get("mode"),
-                   entry.get("causal"), entry.get("backend"), entry.get("m"))
+    return row_key(entry["test_id"], entry)
 
 
 def _check_entry(row: Any, where: str, fix: str) -> None:
@@ -55,10 +55,10 @@ def _check_entry(row: Any, where: str, fix: str) -> None:
             raise BaselineError(f"{where} has {name}={value}, which no count can be; {fix}")
         if isinstance(value, str) and not value.strip():
             raise BaselineError(f"{where} has an empty {name!r}; {fix}")
-    parts = sum(row[part] for part in PARTS[1:])
+    parts = sum(row[part] for part in PARTS)
     if parts != row["total"]:
         raise BaselineError(f"{where} ({row['test_id']} [{row['name']}]) has total={row['total']:,} but its parts "
-                            f"({', '.join(PARTS[1:])}) add up to {parts:,}; {fix}")
+                            f"({', '.join(PARTS)}) add up to {parts:,}; {fix}")
     for name in ("mode", "causal", "backend"):
         if name in row and not isinstance(row[name], str):
             raise BaselineError(f"{where} has {name}={row[name]!r}, not a string such as 'forward'; {fix}")
@@ -176,10 +176,6 @@ class Regression:
                 f"(max_increase {self.allowed:g}%)")
 
 
-def _part(counts: Mapping[str, Any] | Profile, part: str) -> int:
-    return int(counts[part] if isinstance(counts, Mapping) else getattr(counts, part))
-
-
 def _memory_peak(counts: Mapping[str, Any] | Profile) -> int | None:
     """The memory estimate's peak, in bytes; None where memory was not estimated."""
     if isinstance(counts, Mapping):
@@ -188,7 +184,8 @@ def _memory_peak(counts: Mapping[str, Any] | Profile) -> int | None:
     return None if counts.memory is None else counts.memory.peak
 
 
-def _moved(before: int, after: int) -> str:
+def moved(before: int, after: int) -> str:
+    """One count's change as a cell: ``=``, ``+inf`` (from 0) or ``+1.20%``."""
     if before == after:
         return "="
     return "+inf" if before == 0 else f"{(after - before) / before * 100:+.2f}%"
@@ -199,25 +196,19 @@ def compare(baseline: Mapping[str, Any], now: Mapping[str, Any] | Profile,
     """Regressions of *now* (a profile, or another file's entry) against its baseline entry, and the
     'vs baseline' cell: the total's change, and the part that moved most when one did (``+1.20% (ffn +4.00%)``).
     *allowed*: percent for every part, or per part (:func:`~pytest_attncost.markers.parse_increase`)."""
-    regressions = []
-    for part in PARTS:
-        before, after = int(baseline[part]), _part(now, part)
-        if after <= before:
-            continue
-        regression = Regression(part, before, after, increase_for(allowed, part))
-        if regression.change > regression.allowed:
-            regressions.append(regression)
-    peaks = _memory_peak(baseline), _memory_peak(now)
-    if None not in peaks and peaks[1] > peaks[0]:  # type: ignore[operator]  # both estimated memory
-        regression = Regression("peak_memory", int(peaks[0]), int(peaks[1]),  # type: ignore[arg-type]
-                                increase_for(allowed, "peak_memory"), "B")
-        if regression.change > regression.allowed:
-            regressions.append(regression)
-    moved = [(abs(after - before) / before if before else math.inf, part, _moved(before, after))
-             for part in PARTS[1:] for before, after in [(int(baseline[part]), _part(now, part))] if before != after]
-    cell = _moved(int(baseline["total"]), _part(now, "total"))
-    if moved:
-        _, part, change = max(moved)
+    counts = [(part, int(baseline[part]), int(field_of(now, part)), "MAC") for part in GATED_PARTS]
+    peak_before, peak_after = _memory_peak(baseline), _memory_peak(now)
+    if peak_before is not None and peak_after is not None:  # both estimated memory
+        counts.append(("peak_memory", peak_before, peak_after, "B"))
+    grown = [Regression(part, before, after, increase_for(allowed, part), unit)
+             for part, before, after, unit in counts if after > before]
+    regressions = [regression for regression in grown if regression.change > regression.allowed]
+    changes = [(abs(after - before) / before if before else math.inf, part, moved(before, after))
+               for part in PARTS for before, after in [(int(baseline[part]), int(field_of(now, part)))]
+               if before != after]
+    cell = moved(int(baseline["total"]), int(field_of(now, "total")))
+    if changes:
+        _, part, change = max(changes)
         cell += f" ({part} {change})"
     return regressions, cell
 
@@ -243,10 +234,8 @@ def merge(
     existing: Mapping[Key, Mapping[str, Any]], rows: Iterable[Mapping[str, Any]], prune: Prune | None
 ) -> list[dict[str, Any]]:
     """This run's profiles replace their entries; the others stay (unless *prune* drops them)."""
-    merged = {key: dict(value) for key, value in existing.items()}
     fresh = {entry_key(row): dict(row) for row in rows}
-    for key, row in fresh.items():
-        merged[key] = row
+    merged = {**{key: dict(value) for key, value in existing.items()}, **fresh}
     if prune is not None:
         # pruning, among the tests this run could see: tests that no longer exist go, and so do profiles a
         # test no longer makes (a test that profiled this run keeps exactly this run's profiles)
@@ -285,6 +274,10 @@ LOCK_LINK = ("the lock {lock} is a symbolic link (to {target}); a lock is never 
              "truncate the file it points to: delete the link")
 
 
+def entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
+
+
 @dataclass(frozen=True)
 class Saved:
     """What a save did: the entries the file holds now, how many this run added or changed, and whether the
@@ -298,10 +291,10 @@ class Saved:
     written: bool
 
     def __str__(self) -> str:
-        entries = f"{self.entries} {'entry' if self.entries == 1 else 'entries'}"
+        held = entries(self.entries)
         if not self.written:
-            return f"attncost: baseline {self.path} already held this run's profiles ({entries}): nothing written"
-        return (f"attncost: baseline saved to {self.path}: {entries} ({self.added} new, {self.changed} changed, "
+            return f"attncost: baseline {self.path} already held this run's profiles ({held}): nothing written"
+        return (f"attncost: baseline saved to {self.path}: {held} ({self.added} new, {self.changed} changed, "
                 f"{self.dropped} pruned)")
 
 

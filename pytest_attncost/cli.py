@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import importlib
 import importlib.util
 import json
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, cast
 
 from . import baseline, conventions, footprint, formulas, reporting
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
+from .markers import GATED_PARTS
+from .request import BACKENDS, COMPONENTS
+from .series import as_float
 from .units import format_bytes
 from .units import table as text_table
 
@@ -73,12 +79,8 @@ def _integer(text: str, least: int, what: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
-    return _integer(text, 1, "a positive integer")
-
-
-def _non_negative(text: str) -> int:
-    return _integer(text, 0, "an integer >= 0")
+_positive = functools.partial(_integer, least=1, what="a positive integer")
+_non_negative = functools.partial(_integer, least=0, what="an integer >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gated", action="store_true", default=None, help="gated FFN (SwiGLU/GeGLU, 3 matrices)")
     parser.add_argument("--layers", type=_positive, help="layers, for whole-model totals (default 12)")
     parser.add_argument("--experts", type=_non_negative,
-                        help="routed experts E of a mixture-of-experts FFN (0: dense); the FFN counted is the active one")
+                        help="routed experts E of a mixture-of-experts FFN (0: dense); the FFN counted is the "
+                             "active one")
     parser.add_argument("--top-k", type=_positive, help="experts each token runs through (with --experts)")
     parser.add_argument("--expert-ffn", type=_positive, help="one expert's FFN width (default: --ffn)")
     parser.add_argument("--shared-ffn", type=_non_negative, help="width of the shared experts (default 0)")
@@ -115,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "Face's conventions, with the terms each differs by from the exact count")
     published.add_argument("--vocab", type=_non_negative, default=0,
                            help="the output head's vocabulary, for the conventions that count it (default 0: none)")
-    published.add_argument("--causal", action="store_true", help="causal self-attention: the conventions that halve it do")
+    published.add_argument("--causal", action="store_true",
+                           help="causal self-attention: the conventions that halve it do")
     decode = parser.add_argument_group("decode (generation against a KV cache)")
     decode.add_argument("--decode", action="store_true",
                         help="also print the decode table: per new token, the core against a KV cache of n tokens, "
@@ -162,56 +166,45 @@ def resolve_spec(parser: argparse.ArgumentParser, args: argparse.Namespace) -> M
         moe = {"experts": experts, "top_k": top_k, "expert_ffn_dim": expert_ffn, "shared_ffn_dim": shared}
     elif args.top_k or args.expert_ffn or args.shared_ffn:
         parser.error("--top-k, --expert-ffn and --shared-ffn describe a mixture of experts: give --experts too")
-    window = getattr(args, "sliding_window", None)
     return ModelSpec(hidden, heads, head_dim, layers, ffn, kv_heads=kv_heads, gated=gated, **moe,
-                     sliding_window=window)
+                     sliding_window=args.sliding_window)
 
 
 def default_lengths(spec: ModelSpec) -> list[int]:
-    lengths = {128, 512}
-    for value in (formulas.crossover_n(spec), formulas.quadratic_n(spec)):
-        if value is not None:
-            lengths.add(math.ceil(value))
-    return sorted(lengths)
+    thresholds = (formulas.crossover_n(spec), formulas.quadratic_n(spec))
+    return sorted({128, 512, *(math.ceil(value) for value in thresholds if value is not None)})
+
+
+def _thresholds(spec: ModelSpec, cross: Fraction | None, quad: Fraction | None) -> dict[str, Any]:
+    return {"crossover_n": as_float(cross), "quadratic_n": as_float(quad),
+            "memory_crossover_n": footprint.memory_crossovers(spec)}
 
 
 def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]:
     rows = []
+    memory = footprint.memory_crossovers(spec) is not None
     for n in lengths:
         costs = formulas.layer_costs(spec, n, batch)
         rows.append({
             "n": n,
-            "attention": costs.attention,
-            "ffn": costs.ffn,
-            "attention_core": costs.attention_core,
-            "attention_proj": costs.attention_proj,
+            **{part: getattr(costs, part) for part in ("attention", *COMPONENTS)},
             "layer": costs.total,
             "model": formulas.model_costs(spec, n, batch).total,
             "attention_share": costs.attention / costs.total if costs.total else 0.0,
             "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
             "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
         })
-        if footprint.memory_crossovers(spec) is not None:  # what a training layer keeps: fp32, CPU's float dropout masks
+        if memory:  # what a training layer keeps: fp32, CPU's float dropout masks
             rows[-1]["activation_bytes"] = footprint.activation_bytes(spec, n, batch)
-    cross, quad = formulas.crossover_n(spec), formulas.quadratic_n(spec)
-    return {
-        "spec": spec.to_dict(),
-        "batch": batch,
-        "unit": "MAC",
-        "crossover_n": None if cross is None else float(cross),
-        "quadratic_n": None if quad is None else float(quad),
-        "memory_crossover_n": footprint.memory_crossovers(spec),
-        "rows": rows,
-    }
+    return {"spec": spec.to_dict(), "batch": batch, "unit": "MAC", "rows": rows,
+            **_thresholds(spec, formulas.crossover_n(spec), formulas.quadratic_n(spec))}
 
 
 def decode_lengths(spec: ModelSpec) -> list[int]:
     """128, 512, 4096 and the cache lengths where the decode thresholds are crossed."""
-    lengths = {128, 512, 4096}
-    for value in (formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec)):
-        if value is not None:
-            lengths.add(max(1, math.ceil(value) - 1))  # the cache of the first step whose context reaches it
-    return sorted(lengths)
+    thresholds = (formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec))
+    # the cache of the first step whose context reaches it
+    return sorted({128, 512, 4096, *(max(1, math.ceil(value) - 1) for value in thresholds if value is not None)})
 
 
 def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_per_element: int = 2) -> dict[str, Any]:
@@ -222,30 +215,21 @@ def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_
         core = formulas.decode_attention_core(spec, n, 1, batch, sliding=sliding)
         proj = formulas.decode_attention_proj(spec, 1, batch)
         ffn = formulas.decode_ffn(spec, 1, batch)
-        model = formulas.decode_costs(spec, n, 1, batch)
+        whole = core + proj + ffn
         rows.append({
             "n": n,
             "attention_core": core,
             "attention_proj": proj,
             "ffn": ffn,
             "attention": core + proj,
-            "attention_share": (core + proj) / (core + proj + ffn) if core + proj + ffn else 0.0,
-            "core_share": core / (core + proj + ffn) if core + proj + ffn else 0.0,
-            "model": model.total,
+            "attention_share": (core + proj) / whole if whole else 0.0,
+            "core_share": core / whole if whole else 0.0,
+            "model": formulas.decode_costs(spec, n, 1, batch).total,
             "kv_cache_bytes": formulas.kv_cache_bytes(spec, n, batch, bytes_per_element),
         })
-    cross, quad = formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec)
-    attention = formulas.decode_attention_n(spec)
-    return {
-        "attention_n": None if attention is None else float(attention),
-        "batch": batch,
-        "bytes_per_element": bytes_per_element,
-        "unit": "MAC",
-        "crossover_n": None if cross is None else float(cross),
-        "quadratic_n": None if quad is None else float(quad),
-        "memory_crossover_n": footprint.memory_crossovers(spec),
-        "rows": rows,
-    }
+    return {"attention_n": as_float(formulas.decode_attention_n(spec)), "batch": batch,
+            "bytes_per_element": bytes_per_element, "unit": "MAC", "rows": rows,
+            **_thresholds(spec, formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec))}
 
 
 def render_decode(data: dict[str, Any], spec: dict[str, Any]) -> str:
@@ -290,9 +274,8 @@ def render_generation(spec: ModelSpec, prompt: int, new_tokens: int, batch: int)
 def _threshold(value: float | None, multiple: int, hd: int, what: str) -> str:
     if value is None:  # no length where the linear terms are ahead: attention leads from the first token
         return f"{what} at every n (the FFN is no larger than the projections)"
-    exact = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
     same = f" = {multiple}hd" if value == multiple * hd else ""
-    return f"{what} at n = {exact}{same}"
+    return f"{what} at n = {_tokens(value)}{same}"
 
 
 def render(data: dict[str, Any], name: str) -> str:
@@ -337,9 +320,6 @@ _COMPARE_HELP = ("part-by-part differences of two JSON reports or baselines (--a
 _PROFILE_HELP = ("count a model of your own: import MODULE (dotted, or a .py file), build FACTORY() on the meta "
                  "device and print its costs at each length")
 
-#: Parts compared, in the report's order.
-PARTS = ("total", "attention_core", "attention_proj", "ffn", "other")
-
 #: Exit codes: 0 nothing grew too much, 1 a part grew beyond --max-increase, 2 a usage error.
 GREW = 1
 
@@ -348,7 +328,7 @@ def _percent(text: str) -> float:
     try:
         value = float(text.strip().removesuffix("%"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}") from None
+        value = math.nan
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected a percentage >= 0 such as 2.5, got {text!r}")
     return value
@@ -362,18 +342,6 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
-def _change(before: int, after: int) -> str:
-    if before == after:
-        return "="
-    if before == 0:
-        return "+inf"
-    return f"{(after - before) / before * 100:+.2f}%"
-
-
-def _entries(count: int) -> str:
-    return f"{count} entr{'y' if count == 1 else 'ies'}"
-
-
 def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list[str], int]:
     """The comparison's lines and exit code (0, or 1 when a part grew beyond *max_increase* percent).
 
@@ -384,12 +352,12 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
     added = sorted(after.keys() - before.keys())
     removed = sorted(before.keys() - after.keys())
     pairs = [(key, key) for key in sorted(before.keys() & after.keys())] + _backend_moves(removed, added)
-    changed = [(a, b) for a, b in pairs if a != b or any(int(before[a][p]) != int(after[b][p]) for p in PARTS)]
+    changed = [(a, b) for a, b in pairs if a != b or any(int(before[a][p]) != int(after[b][p]) for p in GATED_PARTS)]
     unchanged = len(pairs) - len(changed)
-    lines = [f"{old} ({_entries(len(before))}) → {new} ({_entries(len(after))}), counts in MAC:"]
+    lines = [f"{old} ({baseline.entries(len(before))}) → {new} ({baseline.entries(len(after))}), counts in MAC:"]
     regressions: list[str] = []
     if changed:
-        headers = ["test", "model", "n", "batch", "total before", "total after", *(f"Δ {p}" for p in PARTS)]
+        headers = ["test", "model", "n", "batch", "total before", "total after", *(f"Δ {p}" for p in GATED_PARTS)]
         body = []
         for key, new_key in changed:
             a, b = before[key], after[new_key]
@@ -397,7 +365,7 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
             if key != new_key:  # one entry, counted by the other backend now
                 label[1] += f" (backend {key[-1]} → {new_key[-1]})"
             body.append([*label, f"{int(a['total']):,}", f"{int(b['total']):,}",
-                         *(_change(int(a[p]), int(b[p])) for p in PARTS)])
+                         *(baseline.moved(int(a[p]), int(b[p])) for p in GATED_PARTS)])
             found, _cell = baseline.compare(a, b, max_increase)
             regressions += [f"{label[0]} [{label[1]} n={key[2]} batch={key[3]}]: {r}" for r in found]
         lines += ["", f"changed ({len(changed)}):", *text_table(headers, body, right=range(2, len(headers)))]
@@ -418,14 +386,9 @@ def compare_files(old: Path, new: Path, max_increase: float = 0.0) -> tuple[list
 def _backend_moves(removed: list[Any], added: list[Any]) -> list[tuple[Any, Any]]:
     """Entries that differ only in their backend, one on each side: the same entry, counted anew (taken out of
     *removed* and *added*)."""
-    def by_rest(keys: list[Any]) -> dict[Any, list[Any]]:
-        found: dict[Any, list[Any]] = {}
-        for key in keys:
-            found.setdefault(key[:-1], []).append(key)
-        return found
-
-    gone, new = by_rest(removed), by_rest(added)
-    moves = [(gone[rest][0], new[rest][0]) for rest in gone if len(gone[rest]) == 1 and len(new.get(rest, ())) == 1]
+    gone, new = (Counter(key[:-1] for key in keys) for keys in (removed, added))
+    once = {key[:-1]: key for key in added if new[key[:-1]] == 1}
+    moves = [(key, once[key[:-1]]) for key in removed if gone[key[:-1]] == 1 and key[:-1] in once]
     for a, b in moves:
         removed.remove(a)
         added.remove(b)
@@ -476,7 +439,7 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--n", type=_positive, nargs="+", action="extend", metavar="N", required=True,
                         help="lengths: --n 512 2048, or --n 512 --n 2048")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
-    parser.add_argument("--backend", choices=("fvcore", "torch"), default=None,
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="counter: fvcore's jit trace (default) or torch's FlopCounterMode")
     parser.add_argument("--inputs", metavar="MODULE:FN",
                         help="the forward's inputs: FN(n, batch) returns a tuple of positional arguments or a dict "
@@ -511,8 +474,6 @@ def _check_target(target: str) -> None:
 def _import_module(target: str, module: str) -> Any:
     if module.endswith(".py") or os.sep in module or "/" in module:
         path = Path(module)
-        if not path.is_file():
-            raise TargetError(NO_FILE.format(target=target, path=path))
         name = f"_attncost_cli_{path.stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:  # pragma: no cover - a .py file always has a loader
@@ -530,11 +491,10 @@ def _import_module(target: str, module: str) -> Any:
         sys.path.insert(0, os.getcwd())
     try:
         return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-            raise TargetError(NO_MODULE.format(target=target, error=exc)) from exc
-        raise TargetError(IMPORT_FAILED.format(target=target, module=module, error=_error(exc))) from exc
     except Exception as exc:  # noqa: BLE001 - the module is the user's code
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and (module == missing or module.startswith(missing + ".")):  # not a module it imports
+            raise TargetError(NO_MODULE.format(target=target, error=exc)) from exc
         raise TargetError(IMPORT_FAILED.format(target=target, module=module, error=_error(exc))) from exc
 
 
@@ -549,9 +509,8 @@ def load_factory(target: str, expect: str = FACTORY) -> Callable[..., Any]:
     Raises:
         TargetError: no colon, a module that cannot be imported, a missing or non-callable attribute.
     """
-    module, sep, attribute = target.rpartition(":")
-    if not sep or not module or not attribute:
-        raise TargetError(NOT_A_TARGET.format(target=target))
+    _check_target(target)
+    module, _, attribute = target.rpartition(":")
     path = list(sys.path)
     try:  # the module's siblings import while it loads; ones its factory imports later are the user's to reach
         value: Any = _import_module(target, module)
@@ -572,12 +531,6 @@ def load_factory(target: str, expect: str = FACTORY) -> Callable[..., Any]:
     return cast("Callable[..., Any]", value)
 
 
-def _deviation(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return "0" if value == 0 else f"{value:.2%}"
-
-
 def _profile(argv: Sequence[str]) -> int:
     parser = _profile_arguments(argparse.ArgumentParser(prog="python -m pytest_attncost profile",
                                                         description=_PROFILE_HELP))
@@ -591,19 +544,16 @@ def _profile(argv: Sequence[str]) -> int:
         parser.error(str(exc))
     from .api import ProfileError, profile, sweep
 
-    rows = []
-    one_run = False
+    swept = None
     if args.backend == "torch" and len(set(args.n)) == len(args.n) > 1:
         try:  # the torch backend counts a sweep's lengths in one run; any trouble, and each n is counted alone
             swept = sweep(factory, args.n, batch=args.batch, backend="torch", inputs=inputs, spec=args.spec)
         except ProfileError:
-            swept = None
+            pass
         except SystemExit as exc:  # not KeyboardInterrupt: that one ends the command
             parser.error(EXITED.format(target=args.target, code=exc.code))
-        if swept is not None:
-            one_run = swept.one_run
-            by_n = {p.n: p for p in swept}
-            rows = [reporting.Row(args.target, by_n[n]) for n in args.n]
+    by_n = {p.n: p for p in swept or ()}
+    rows = [reporting.Row(args.target, by_n[n]) for n in args.n if n in by_n]
     for n in args.n if not rows else ():
         try:
             result = profile(factory, n, batch=args.batch, backend=args.backend, inputs=inputs, spec=args.spec)
@@ -617,12 +567,10 @@ def _profile(argv: Sequence[str]) -> int:
         _print(reporting.render_json(rows).rstrip("\n"))
         return 0
     first = rows[0].profile
-    headers = ["n", "total", "attention_core", "attention_proj", "ffn", "other", "attn share", "deviation",
-               "warnings"]
-    body = [[f"{p.n:,}", f"{p.total:,}", f"{p.attention_core:,}", f"{p.attention_proj:,}", f"{p.ffn:,}",
-             f"{p.other:,}", f"{p.attention_share:.4f}", _deviation(p.deviation), str(len(p.warnings))]
-            for p in (r.profile for r in rows)]
-    how = " (one run for all lengths)" if one_run else ""
+    headers = ["n", *GATED_PARTS, "attn share", "deviation", "warnings"]
+    body = [[f"{p.n:,}", *(f"{getattr(p, part):,}" for part in GATED_PARTS), f"{p.attention_share:.4f}",
+             reporting.deviation_cell(p.deviation), str(len(p.warnings))] for p in (r.profile for r in rows)]
+    how = " (one run for all lengths)" if swept is not None and swept.one_run else ""
     lines = [f"{args.target}: {first.name}, batch {args.batch}, counted by {first.backend}{how}, "
              "whole model in MAC (1 MAC = 2 FLOP):",
              *text_table(headers, body, right=range(len(headers)), rule=False),
@@ -644,10 +592,8 @@ def _print(text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "compare":
-        return _compare(argv[1:])
-    if argv and argv[0] == "profile":
-        return _profile(argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return {"compare": _compare, "profile": _profile}[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is not None:  # a subcommand after formula options
@@ -661,8 +607,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.prompt is None) != (args.new_tokens is None):
         parser.error("--prompt and --new-tokens go together: the generation's cost needs both")
     if args.decode or args.prompt is not None:
-        if spec.cross_attention:  # pragma: no cover - the CLI builds self-attention specs only
-            parser.error("--decode describes decoder-only models")
         decode = decode_table(spec, args.n or decode_lengths(spec), args.batch, KV_DTYPES[args.kv_dtype])
         extra["decode"] = {**decode, "kv_dtype": args.kv_dtype}
         texts.append(render_decode(decode, spec.to_dict()))
@@ -670,13 +614,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra["generation"], text = render_generation(spec, args.prompt, args.new_tokens, args.batch)
         texts.append(text)
     if args.conventions:
-        counted = {n: conventions.conventions(spec, n, args.batch, vocab=args.vocab, causal=args.causal) for n in lengths}
+        counted = {n: conventions.conventions(spec, n, args.batch, vocab=args.vocab, causal=args.causal)
+                   for n in lengths}
         extra["conventions"] = {str(n): [{"name": c.name, "macs": c.macs, "exact": c.exact, "differs": c.differs}
                                          for c in rows] for n, rows in counted.items()}
         body = [[f"{n:,}", c.name, f"{c.macs:,}", f"{c.relative:+.1%}", "; ".join(term for term, _ in c.differs)]
                 for n, rows in counted.items() for c in rows]
+        headers = ["n", "convention", "MAC", "vs exact", "differs by"]
         texts.append("\n".join(["published conventions (forward MACs; vs the exact count of the layers):",
-                                 *text_table(["n", "convention", "MAC", "vs exact", "differs by"], body, right=[0, 2, 3])]))
+                                 *text_table(headers, body, right=[0, 2, 3])]))
     if args.json:
         text = json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True)
     else:

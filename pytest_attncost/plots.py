@@ -54,10 +54,7 @@ def stem_for(test_id: str, name: str, position: int = 0, twin: bool = False) -> 
 
 def stems_for(sweeps: Sequence[tuple[str, str]]) -> list[str]:
     """The stems of a run's sweeps, given as (test id, model name) in the report's order; no two alike."""
-    positions, seen = [], Counter[tuple[str, str]]()
-    for key in sweeps:
-        positions.append(seen[key])
-        seen[key] += 1
+    positions = [sweeps[:index].count(key) for index, key in enumerate(sweeps)]
     plain = Counter(stem_for(test_id, name) for test_id, name in sweeps)
     return [stem_for(test_id, name, position, plain[stem_for(test_id, name)] > 1)
             for (test_id, name), position in zip(sweeps, positions)]
@@ -69,19 +66,6 @@ def _write_figure(figure: Any, path: Path, fmt: str) -> None:
     metadata = {"svg": {"Date": None}, "png": {"Software": None}}.get(fmt)
     figure.savefig(buffer, format=fmt, metadata=metadata, bbox_inches="tight")
     files.write(path, buffer.getvalue())
-
-
-def _save(figure: Any, directory: Path, stem: str) -> list[Path]:
-    paths = [directory / f"{stem}.{fmt}" for fmt in FORMATS]
-    for path, fmt in zip(paths, FORMATS):
-        _write_figure(figure, path, fmt)
-    return paths
-
-
-def _length_ticks(ax: Any, ns: list[int]) -> None:
-    """Tick the measured lengths themselves, written out (512, not 2^9)."""
-    ax.set_xticks(ns, [f"{n:,}" for n in ns])
-    ax.minorticks_off()
 
 
 def count_ticks(ax: Any) -> None:
@@ -96,32 +80,42 @@ def count_ticks(ax: Any) -> None:
         Fraction(value).limit_denominator(1000), "mac", suffix=False)))
 
 
-def shares_plot(ns: list[int], title: str, directory: Path, stem: str, draw: Callable[[Any], None]) -> list[Path]:
-    """A figure of shares of attention + FFN vs n (log axis, the measured lengths ticked, 0.5 marked);
-    *draw* adds the lines. Written as ``<stem>.png`` and ``.svg``; returns the paths."""
+def _over_n(ns: list[int], title: str, directory: Path, stem: str, draw: Callable[[Any], None]) -> list[Path]:
+    """A figure vs n (log axis, the measured lengths ticked) that *draw* fills and labels, saved as
+    ``<stem>.png`` and ``.svg``."""
     import matplotlib
     from matplotlib.figure import Figure
 
     with matplotlib.rc_context(_RC):
         figure = Figure(figsize=(7, 4.2))
         ax = figure.add_subplot()
-        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
         draw(ax)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length n (tokens)")
+        ax.set_title(title)
+        ax.set_xticks(ns, [f"{n:,}" for n in ns])  # the measured lengths themselves, written out (512, not 2^9)
+        ax.minorticks_off()
+        paths = [directory / f"{stem}.{fmt}" for fmt in FORMATS]
+        for path, fmt in zip(paths, FORMATS):
+            _write_figure(figure, path, fmt)
+        return paths
+
+
+def shares_plot(ns: list[int], title: str, directory: Path, stem: str, draw: Callable[[Any], None]) -> list[Path]:
+    """A figure of shares of attention + FFN vs n (log axis, the measured lengths ticked, 0.5 marked);
+    *draw* adds the lines. Written as ``<stem>.png`` and ``.svg``; returns the paths."""
+    def shares(ax: Any) -> None:
+        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
+        draw(ax)
         ax.set_ylabel("share of attention + FFN")
         ax.set_ylim(0, 1)
-        ax.set_title(title)
-        _length_ticks(ax, ns)
         ax.legend(fontsize=8, loc="best")
-        return _save(figure, directory, stem)
+
+    return _over_n(ns, title, directory, stem, shares)
 
 
 def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = "mac") -> list[Path]:
     """Write ``<stem>-shares`` and ``<stem>-parts`` as PNG and SVG; return the paths."""
-    import matplotlib
-    from matplotlib.figure import Figure
-
     rows = sorted(data["profiles"], key=lambda r: r["n"])
     ns = [r["n"] for r in rows]
     scale = 2 if unit == "flop" else 1
@@ -141,21 +135,15 @@ def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = 
             ax.plot([data["crossover_n"]], [0.5], marker="x", color="red", linestyle="none",
                     label=f"measured crossover: n={data['crossover_n']:,.0f}")
 
-    paths = shares_plot(ns, f"{data['name']}: where attention takes over", directory, f"{stem}-shares", shares)
-    with matplotlib.rc_context(_RC):
-        figure = Figure(figsize=(7, 4.2))
-        ax = figure.add_subplot()
+    def parts(ax: Any) -> None:
         ax.stackplot(ns, *[[r[p] * scale for r in rows] for p in PARTS], labels=PARTS)
-        ax.set_xscale("log", base=2)
         ax.set_yscale("linear")
-        ax.set_xlabel("sequence length n (tokens)")
         ax.set_ylabel(f"{unit.upper()} (whole model, batch {rows[0]['batch']}; K/M/G/T = 10^3/6/9/12)")
         count_ticks(ax)
-        ax.set_title(f"{data['name']}: cost by part")
-        _length_ticks(ax, ns)
         ax.legend(fontsize=8, loc="upper left")
-        paths += _save(figure, directory, f"{stem}-parts")
-    return paths
+
+    return (shares_plot(ns, f"{data['name']}: where attention takes over", directory, f"{stem}-shares", shares)
+            + _over_n(ns, f"{data['name']}: cost by part", directory, f"{stem}-parts", parts))
 
 
 def plot_time_shares(data: Mapping[str, Any], directory: Path, stem: str) -> list[Path]:
@@ -188,15 +176,13 @@ def plot_decode(spec: ModelSpec, ns: Any, path: Any, new_tokens: int = 1, batch:
         ImportError: matplotlib is missing (``pip install 'pytest-attncost[plot]'``).
     """
     require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     lengths = sorted(ns)
     steps = [formulas.decode_costs(spec, n, new_tokens, batch) for n in lengths]
     per_token = new_tokens * batch
-    figure, ax = plt.subplots(figsize=(7, 4))
+    figure = Figure(figsize=(7, 4))
+    ax = figure.add_subplot()
     for part, label in (("attention_core", "core"), ("attention_proj", "projections"), ("ffn", "FFN")):
         ax.plot(lengths, [getattr(s, part) / per_token for s in steps], marker="o", label=label)
     cross = formulas.decode_crossover_n(spec)
@@ -208,5 +194,4 @@ def plot_decode(spec: ModelSpec, ns: Any, path: Any, new_tokens: int = 1, batch:
     ax.legend()
     target = Path(path) if Path(path).suffix else Path(path).with_suffix(".png")  # savefig's default format
     _write_figure(figure, target, target.suffix[1:])
-    plt.close(figure)
     return target

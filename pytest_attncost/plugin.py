@@ -144,7 +144,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 class AttncostFixture:
     """What the ``attncost`` fixture gives a test: ``profile()`` with the marker's n and batch."""
 
-    def __init__(self, item: pytest.Item, bounds: Bounds | None, length: int | None) -> None:
+    def __init__(self, item: pytest.Item, length: int | None) -> None:
         self._item = item
         self._length = length
 
@@ -154,21 +154,18 @@ class AttncostFixture:
         return current_bounds(self._item)
 
     @property
-    def _n(self) -> int | None:
+    def n(self) -> int | None:
+        """This item's sequence length from the marker (None without one)."""
         bounds = self._bounds
         if self._length is None and bounds is not None and len(bounds.lengths) == 1:
             return bounds.lengths[0]
         return self._length
 
     @property
-    def n(self) -> int | None:
-        """This item's sequence length from the marker (None without one)."""
-        return self._n
-
-    @property
     def batch(self) -> int:
         """The marker's batch (1 by default)."""
-        return self._bounds.batch if self._bounds is not None and self._bounds.batch is not None else 1
+        bounds = self._bounds
+        return bounds.batch if bounds is not None and bounds.batch is not None else 1
 
     @property
     def profiles(self) -> list[Profile]:
@@ -259,7 +256,7 @@ class AttncostFixture:
             if call["mode"] == "decode" and call["new_tokens"] is None and bounds is not None:
                 call["new_tokens"] = bounds.new_tokens
         call["backend"] = call["backend"] or self._item.config.stash[SETTINGS_KEY].backend
-        return (self._n if n is None else n), call
+        return (self.n if n is None else n), call
 
 
 @pytest.fixture
@@ -271,8 +268,7 @@ def attncost_n() -> int | None:
 @pytest.fixture
 def attncost(request: pytest.FixtureRequest, attncost_n: int | None) -> AttncostFixture:
     """Profile models in a test: ``attncost.profile(model)``; bounds come from ``@pytest.mark.attncost``."""
-    item = request.node
-    return AttncostFixture(item, item.stash.get(BOUNDS_KEY, None), attncost_n)
+    return AttncostFixture(request.node, attncost_n)
 
 
 # --- the call phase: checks fail the test as an assertion would ------------------------

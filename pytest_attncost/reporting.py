@@ -29,18 +29,26 @@ from .result import PARTS, Profile, versions
 from .series import Sweep, SweepError
 from .units import format_bytes, format_count, format_seconds, format_tokens, table
 
-__all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "render_markdown", "render_terminal", "row_key",
-           "sections", "sort_rows"]
+__all__ = ["SCHEMA", "Row", "RowKey", "Section", "SweepRow", "render_json", "render_markdown", "render_terminal",
+           "row_key", "sections", "sort_rows"]
 
 SCHEMA = 1
 
 #: A row's identity: test id, profile name, n, batch, mode, causal accounting, backend.
 RowKey = tuple[str, str, int, int, int, str, str, str]
 
-def row_key(test_id: str, name: str, n: int, batch: int, mode: str | None = "forward", causal: str | None = "full",
-            backend: str | None = "fvcore", m: int | None = None) -> RowKey:
-    """The one identity of a row: reports sort by it, baselines are keyed by it. A second sequence's length
-    counts only where it differs from n (else 0); the backend comes last (compare pairs entries by the rest)."""
+
+def field_of(counted: Profile | Mapping[str, Any], name: str) -> Any:
+    """A profile's field, or a JSON entry's (None where the entry leaves it out)."""
+    return counted.get(name) if isinstance(counted, Mapping) else getattr(counted, name)
+
+
+def row_key(test_id: str, counted: Profile | Mapping[str, Any]) -> RowKey:
+    """The one identity of a row (*counted*: its profile, or its JSON entry): reports sort by it, baselines are
+    keyed by it. A second sequence's length counts only where it differs from n (else 0); the backend comes last
+    (compare pairs entries by the rest)."""
+    name, n, batch, m, mode, causal, backend = (field_of(counted, f)
+                                                for f in ("name", "n", "batch", "m", "mode", "causal", "backend"))
     return (test_id, name, n, batch, 0 if m is None or m == n else m, mode or "forward", causal or "full",
             backend or "fvcore")
 
@@ -51,6 +59,10 @@ def key_label(key: RowKey) -> list[str]:
     notes = [note for note, default in ((mode, "forward"), (causal, "full"), (backend, "fvcore")) if note != default]
     return [test_id, f"{name} ({', '.join(notes)})" if notes else name, f"{n:,}" + (f" (m {m:,})" if m else ""),
             str(batch)]
+
+
+#: A row's fields that only some rows have, left out of its JSON form when absent.
+_OPTIONAL = ("outcome", "vs_baseline", "crosscheck", "timing")
 
 
 @dataclass(frozen=True)
@@ -79,8 +91,7 @@ class Row:
 
     @property
     def key(self) -> RowKey:
-        p = self.profile
-        return row_key(self.test_id, p.name, p.n, p.batch, p.mode, p.causal, p.backend, p.m)
+        return row_key(self.test_id, self.profile)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``Profile.to_dict()`` plus the row's own keys (absent ones left out)."""
@@ -89,7 +100,7 @@ class Row:
         data["skipped_matmul_ops"] = self.profile.skipped_matmul_ops
         data["problems"] = list(self.problems)
         data["verdict"] = self.verdict
-        for name in ("outcome", "vs_baseline", "crosscheck", "timing"):
+        for name in _OPTIONAL:
             value = getattr(self, name)
             if value is not None:
                 data[name] = dict(value) if isinstance(value, Mapping) else value
@@ -98,16 +109,8 @@ class Row:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Row:
         """Inverse of :meth:`to_dict` (a JSON report's or baseline's entry reads as a row too)."""
-        return cls(
-            test_id=str(data["test_id"]),
-            profile=Profile.from_dict(data),
-            problems=tuple(data.get("problems") or ()),
-            verdict=str(data.get("verdict") or "-"),
-            outcome=data.get("outcome"),
-            vs_baseline=data.get("vs_baseline"),
-            crosscheck=data.get("crosscheck"),
-            timing=data.get("timing"),
-        )
+        return cls(str(data["test_id"]), Profile.from_dict(data), tuple(data.get("problems") or ()),
+                   str(data.get("verdict") or "-"), **{name: data.get(name) for name in _OPTIONAL})
 
     def replace(self, **changes: Any) -> Row:
         return dataclasses.replace(self, **changes)
@@ -161,22 +164,10 @@ _COLUMNS = (
 )
 
 
-def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2%}"
-
-
-def _deviation(value: float | None) -> str:
+def deviation_cell(value: float | None) -> str:
     if value is None:
         return "n/a"
     return "0" if value == 0 else f"{value:.2%}"
-
-
-def _has_baseline(rows: Sequence[Row]) -> bool:
-    return any(row.vs_baseline is not None for row in rows)
-
-
-def _has_crosscheck(rows: Sequence[Row]) -> bool:
-    return any(row.crosscheck is not None for row in rows)
 
 
 VERDICT_LEGEND = "verdict: ok (its bounds held), FAIL (one broke), - (nothing bounded it)"
@@ -201,43 +192,32 @@ def _model_cell(row: Row) -> str:
     return f"{p.name} ({', '.join(notes)})" if notes else p.name
 
 
-def _agree(row: Row) -> str:
-    if not row.crosscheck:
-        return "-"
-    return "yes" if row.crosscheck.get("agree") else "NO"
-
-
-def _cells(row: Row, unit: str, baseline: bool = False, crosscheck: bool = False) -> list[str]:
-    p = row.profile
+def _cells(row: Row, unit: str, baseline: bool, crosscheck: bool) -> list[str]:
+    p, saving = row.profile, row.profile.linear_attention_saving
     extra = [row.vs_baseline or "-"] if baseline else []
     if crosscheck:
-        extra.append(_agree(row))
+        extra.append("-" if not row.crosscheck else "yes" if row.crosscheck.get("agree") else "NO")
     return [
         row.test_id,
         _model_cell(row),
         str(p.n) if p.m is None or p.m == p.n else f"{p.n} (m {p.m})",
         str(p.batch),
-        format_count(p.total, unit, suffix=False),
-        format_count(p.attention, unit, suffix=False),
-        format_count(p.ffn, unit, suffix=False),
-        format_count(p.other, unit, suffix=False),
+        *(format_count(getattr(p, part), unit, suffix=False) for part in ("total", "attention", "ffn", "other")),
         f"{p.attention_share:.3f}",
         f"{p.quadratic_share:.3f}",
-        _deviation(p.deviation),
-        _percent(p.linear_attention_saving),
+        deviation_cell(p.deviation),
+        "-" if saving is None else f"{saving:.2%}",
         *extra,
         row.verdict,
     ]
 
 
-def _headers(unit: str, baseline: bool = False, crosscheck: bool = False) -> list[str]:
-    label = unit.upper()
-    columns = [f"{c} [{label}]" if c in ("total", "attention", "FFN", "other") else c for c in _COLUMNS]
-    if baseline:
-        columns.insert(len(columns) - 1, "vs baseline")
-    if crosscheck:
-        columns.insert(len(columns) - 1, "agree")
-    return columns
+def _table(rows: Sequence[Row], unit: str) -> tuple[list[str], list[list[str]]]:
+    """The table's headers and cells: a 'vs baseline' and an 'agree' column where any row has one."""
+    baseline, crosscheck = any(r.vs_baseline is not None for r in rows), any(r.crosscheck is not None for r in rows)
+    headers = [f"{c} [{unit.upper()}]" if c in ("total", "attention", "FFN", "other") else c for c in _COLUMNS]
+    headers[-1:] = [*(["vs baseline"] if baseline else []), *(["agree"] if crosscheck else []), headers[-1]]
+    return headers, [_cells(r, unit, baseline, crosscheck) for r in rows]
 
 
 # --- sections: what follows the table, the same in every format ---------------------------
@@ -278,11 +258,8 @@ def threshold_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def unsupported_lines(rows: Sequence[Row]) -> list[str]:
-    """Ops fvcore skipped, one line per model and set of ops; matrix products among them are flagged.
-
-    Profiles of one model usually skip the same ops at every length, so they share a line
-    that names them all (the first three, then how many more).
-    """
+    """Ops fvcore skipped, one line per model and set of ops (a model skips the same ops at every length, so its
+    profiles share a line that names the first three); matrix products among them are flagged."""
     groups: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         ops = row.profile.unsupported_ops
@@ -302,10 +279,9 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
 def time_lines(rows: Sequence[Row]) -> list[str]:
     """Per measured profile: attention's share of the MACs and of the time, and on this CPU each part's roofline
     time beside its measured time; then, per model, where the shares disagree most."""
-    measured = [row for row in rows if row.timing]
+    measured = [(row, row.timing) for row in rows if row.timing]
     lines = []
-    for row in measured:
-        t: Mapping[str, Any] = row.timing  # type: ignore[assignment]
+    for row, t in measured:
         spread = t.get("spread", {}).get("attention_time_share")
         plus = f" ± {spread:.3f}" if isinstance(spread, (int, float)) else ""
         lines.append(f"{row.where}: attention {t['attention_mac_share']:.3f} of "
@@ -319,33 +295,12 @@ def time_lines(rows: Sequence[Row]) -> list[str]:
                 f"{format_seconds(t['seconds']['forward' if r.part == 'total' else r.part])}"
                 for r in roofs if r.flops))
 
-    def gap(row: Row) -> float:
-        t: Mapping[str, Any] = row.timing  # type: ignore[assignment]
-        return abs(t["attention_time_share"] - t["attention_mac_share"])
-
-    worst: dict[str, Row] = {}
-    for row in measured:
-        best = worst.get(row.profile.name)
-        if best is None or gap(row) > gap(best):
-            worst[row.profile.name] = row
-    for name in sorted(worst):
-        t = worst[name].timing or {}
+    for name in sorted({row.profile.name for row, _ in measured}):
+        widest, t = max(((row, t) for row, t in measured if row.profile.name == name),
+                        key=lambda pair: abs(pair[1]["attention_time_share"] - pair[1]["attention_mac_share"]))
         lines.append(f"{name}: attention: {t['attention_mac_share']:.0%} of MACs, {t['attention_time_share']:.0%} "
-                     f"of time at n={worst[name].profile.n} on {t.get('device_name') or t.get('device')} "
-                     "(widest gap)")
+                     f"of time at n={widest.profile.n} on {t.get('device_name') or t.get('device')} (widest gap)")
     return lines
-
-
-def kv_cache_lines(rows: Sequence[Row]) -> list[str]:
-    """The KV cache each decode step read: its n tokens, every layer, K and V."""
-    return [f"{row.where}: {format_bytes(int(held))} ({int(held):,} bytes) for {row.profile.n:,} cached tokens, "
-            f"batch {row.profile.batch}"
-            for row in rows if (held := row.profile.kv_cache_bytes)]
-
-
-def warning_lines(rows: Sequence[Row]) -> list[str]:
-    """Every profile's warnings: numbers the plugin cannot stand behind, and why."""
-    return [f"{row.where}: {warning}" for row in rows for warning in row.profile.warnings]
 
 
 def crosscheck_lines(rows: Sequence[Row]) -> list[str]:
@@ -405,17 +360,19 @@ def skipped_line(rows: Sequence[Row]) -> list[str]:
 def sections(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), full: bool = True) -> list[Section]:
     """Everything under the table, in order; empty sections are left out. Rows must be sorted. Without *full*,
     the skipped ops are one line."""
-    plots = {i: [p for p in row.plots if p.endswith(".png")] for i, row in enumerate(sweeps)}
+    plots = {i: paths for i, row in enumerate(sweeps) if (paths := [p for p in row.plots if p.endswith(".png")])}
     found = [
         Section("thresholds (per layer, from the formula)", threshold_lines(rows)),
-        Section("sweeps (thresholds solved exactly from the measured counts)", sweep_lines(sweeps),
-                {i: paths for i, paths in plots.items() if paths}),
-        Section("ops fvcore skipped (not in the counts; elementwise ops are expected here)", unsupported_lines(rows) if full else skipped_line(rows)),
-        Section("KV cache of the decode steps (n = tokens already in the cache)", kv_cache_lines(rows)),
+        Section("sweeps (thresholds solved exactly from the measured counts)", sweep_lines(sweeps), plots),
+        Section("ops fvcore skipped (not in the counts; elementwise ops are expected here)",
+                unsupported_lines(rows) if full else skipped_line(rows)),
+        Section("KV cache of the decode steps (n = tokens already in the cache)",  # every layer's K and V
+                [f"{row.where}: {format_bytes(int(held))} ({int(held):,} bytes) for {row.profile.n:,} cached tokens, "
+                 f"batch {row.profile.batch}" for row in rows if (held := row.profile.kv_cache_bytes)]),
         Section("memory (estimated on fake tensors with CPU kernels; see docs/memory.md)",
                 [f"{row.where}: {row.profile.memory.summary()}" for row in rows if row.profile.memory is not None]),
         Section(TIME_HEADER, time_lines(rows)),
-        Section(WARNINGS_HEADER, warning_lines(rows)),
+        Section(WARNINGS_HEADER, [f"{row.where}: {warning}" for row in rows for warning in row.profile.warnings]),
         Section("counted by the torch backend because fvcore could not trace",
                 [f"{r.test_id} [{r.profile.name}]: {r.profile.fallback}" for r in rows if r.profile.fallback]),
         Section("cross-check (attention_core, attention_proj, ffn must agree; other may differ)",
@@ -429,9 +386,7 @@ def _short_ids(ids: Sequence[str]) -> list[str]:
     """Test ids without the directory they all share (``examples/``)."""
     directories = [i.split("::", 1)[0].rpartition("/")[0] for i in ids]
     common = os.path.commonpath(directories) if all(directories) else ""
-    if not common:
-        return list(ids)
-    return [i[len(common) + 1 :] for i in ids]
+    return [i[len(common) + 1 :] for i in ids] if common else list(ids)
 
 
 def _middle_cut(text: str, width: int) -> str:
@@ -468,14 +423,8 @@ def _cut_name(text: str, width: int) -> str:
 
 
 def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
-    """Fit the table to *width*: shorter test ids, then fewer columns, then ids and names cut in the middle.
-
-    Columns go least essential first (other, linear saving, quadratic share, the cross-check's
-    agreement, which has its own section, a batch of 1), then the ids are cut to 32 characters,
-    then the deviation and the parts' counts go (FFN, attention), then names and ids are cut
-    further, then the attention share; the total is the last column to go (with the baseline's
-    cell). The test, model, n and verdict always stay.
-    """
+    """Fit the table to *width*: shorter test ids, then fewer columns (least essential first; the cross-check's
+    agreement has its own section), then ids and names cut further. The test, model, n and verdict always stay."""
     def total(h: list[str], b: list[list[str]]) -> int:
         return sum(max(len(x), *(len(r[i]) for r in b)) for i, x in enumerate(h)) + 2 * (len(h) - 1)
 
@@ -539,9 +488,7 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[SweepRow],
     rows = sort_rows(rows)
     if not rows:
         return ["no profiles were made in this session"]
-    baseline, crosscheck = _has_baseline(rows), _has_crosscheck(rows)
-    headers = _headers(unit, baseline, crosscheck)
-    body = [_cells(r, unit, baseline, crosscheck) for r in rows]
+    headers, body = _table(rows, unit)
     if not full:
         for cells, short in zip(body, _short_ids([r.test_id for r in rows])):
             cells[0] = short
@@ -604,28 +551,22 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Swe
     out = ["## attncost report", ""]
     if not rows:
         return "\n".join([*out, "No profiles were made in this session.", ""])
-    baseline, crosscheck = _has_baseline(rows), _has_crosscheck(rows)
-    headers = _headers(unit, baseline, crosscheck)
+    headers, body = _table(rows, unit)
     out.append("| " + " | ".join(headers) + " |")
     last = len(headers) - 1
     out.append("|" + "|".join("---" if i in (0, 1, last) else "---:" for i in range(len(headers))) + "|")
-    for row in rows:
-        cells = _cells(row, unit, baseline, crosscheck)
-        cells = [markdown_code(cells[0], cell=True), *map(_markdown_cell, cells[1:])]
-        out.append("| " + " | ".join(cells) + " |")
+    out += ["| " + " | ".join([markdown_code(cells[0], cell=True), *map(_markdown_cell, cells[1:])]) + " |"
+            for cells in body]
     out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹); shares are of attention "
                 "+ FFN; deviation is the largest relative difference from the formula."]
     # test ids in code spans, as in the table: ids such as test_x[<lambda>] or a__b__c stay as written
-    ids = sorted({r.test_id for r in rows} | {s.test_id for s in sweeps}, key=len,
-                 reverse=True)
+    ids = sorted({r.test_id for r in rows} | {s.test_id for s in sweeps}, key=len, reverse=True)
     for section in sections(rows, sweeps):
         out += ["", f"**{section.title[0].upper()}{section.title[1:]}:**", ""]
         for index, line in enumerate(section.lines):
             out.append(f"- {_markdown_line(line, ids)}")
             for path in section.images.get(index, []) if link_plots else ():
-                target = Path(path)
-                if base is not None:
-                    target = Path(os.path.relpath(target, base))
+                target = Path(path) if base is None else Path(os.path.relpath(path, base))
                 out.append(f"  ![{target.stem}]({target.as_posix()})")
     return "\n".join(out) + "\n"
 

@@ -70,7 +70,8 @@ def _linear_fit(points: Sequence[tuple[int, int]], what: str) -> tuple[Fraction,
     return c1, c2
 
 
-def _number(value: Fraction | float | None) -> float | None:
+def as_float(value: Fraction | float | None) -> float | None:
+    """A threshold as JSON writes it (None stays None)."""
     return None if value is None else float(value)
 
 
@@ -171,11 +172,11 @@ class Sweep(Series[Profile]):
         """:meth:`Profile.audit` over every length of the sweep (one batch size, forward passes)."""
         if len({(p.batch, p.mode) for p in self._items}) != 1 or self._items[0].mode != "forward":
             raise SweepError("a formula is audited over forward passes at one batch size")
-        return audit(formula, [(p.n, p.total, p.attention_core, p.other) for p in self._items], self.spec, self._items[0].batch)
+        counts = [(p.n, p.total, p.attention_core, p.other) for p in self._items]
+        return audit(formula, counts, self.spec, self._items[0].batch)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: the profiles plus both crossovers, measured and from the formula."""
-
         try:
             crossover, quadratic, error = self.crossover(), self.quadratic_crossover(), None
         except SweepError as exc:
@@ -183,10 +184,10 @@ class Sweep(Series[Profile]):
         return {
             "name": self.name,
             "lengths": self.lengths,
-            "crossover_n": _number(crossover),
-            "quadratic_crossover_n": _number(quadratic),
-            "formula_crossover_n": _number(self.formula_crossover()),
-            "formula_quadratic_n": _number(self.formula_quadratic_crossover()),
+            "crossover_n": as_float(crossover),
+            "quadratic_crossover_n": as_float(quadratic),
+            "formula_crossover_n": as_float(self.formula_crossover()),
+            "formula_quadratic_n": as_float(self.formula_quadratic_crossover()),
             "error": error,
             "profiles": [p.to_dict() for p in self._items],
         }
@@ -225,10 +226,8 @@ class DecodeSweep(Series[Profile]):
         return None if spec is None else formulas.decode_crossover_n(spec)
 
     def to_dict(self) -> dict[str, Any]:
-        cross, formula = self.crossover(), self.formula_crossover()
         return {"name": self.name, "lengths": self.lengths, "mode": "decode", "new_tokens": self[0].new_tokens,
-                "crossover_n": None if cross is None else float(cross),
-                "formula_crossover_n": None if formula is None else float(formula),
+                "crossover_n": as_float(self.crossover()), "formula_crossover_n": as_float(self.formula_crossover()),
                 "profiles": [p.to_dict() for p in self]}
 
 
@@ -247,7 +246,7 @@ class TimingSweep(Series[Timing]):
 
     def formula_crossover(self) -> float | None:
         """The formula's crossover for the spec (2hd for the article's shape)."""
-        return _number(formulas.crossover_n(self.spec)) if self.spec is not None else None
+        return as_float(formulas.crossover_n(self.spec)) if self.spec is not None else None
 
     def mac_crossover(self) -> float | None:
         """Where attention's MACs overtake the FFN's: solved exactly from the profiles (see
@@ -255,7 +254,7 @@ class TimingSweep(Series[Timing]):
         profiles = [t.profile for t in self._items]
         if len(profiles) >= 2 and all(p is not None for p in profiles):
             try:
-                return _number(Sweep(profiles).crossover())  # type: ignore[arg-type]
+                return as_float(Sweep(profiles).crossover())  # type: ignore[arg-type]
             except SweepError:
                 pass  # not of the form a·n + b·n²: interpolate
         return _half_way([(t.n, t.attention_mac_share) for t in self._items])

@@ -36,6 +36,7 @@ from .markers import (
     parse_marker_kwargs,
 )
 from .reporting import Row, RowKey, SweepRow, render_export, render_json, render_markdown, render_terminal, row_key
+from .request import COMPONENTS, PARTS
 from .result import versions
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ SWEEP_PROPERTY = "attncost_sweep"
 LENGTH_ARG = "attncost_n"
 
 CHECKS_FAILED = "attncost checks failed"
-FALLBACK_MESSAGE = "counted by the torch backend because fvcore could not trace the model ({reason}) (--attncost-strict)"
+FALLBACK_MESSAGE = ("counted by the torch backend because fvcore could not trace the model ({reason}) "
+                    "(--attncost-strict)")
 CROSSCHECK_MESSAGE = "backends disagree on {part}: {first} {a:,} vs {second} {b:,} MAC (formula {formula})"
 
 
@@ -71,17 +73,13 @@ def _crosscheck(result: Profile, second: Any) -> tuple[dict[str, Any], list[str]
         return ({"agree": False, "backends": [result.backend, other], "error": second},
                 [f"cross-check: the {other} backend could not count the model: {second}"])
     formula = result.formula
-    parts = ("attention_core", "attention_proj", "ffn")
-    problems = []
-    for part in parts:
-        a, b = getattr(result, part), getattr(second, part)
-        if a != b:
-            expected = f"{getattr(formula, part):,}" if formula is not None else "n/a"
-            problems.append(CROSSCHECK_MESSAGE.format(part=part, first=result.backend, a=a, second=second.backend,
-                                                      b=b, formula=expected))
+    problems = [CROSSCHECK_MESSAGE.format(part=part, first=result.backend, a=getattr(result, part),
+                                          second=second.backend, b=getattr(second, part),
+                                          formula=f"{getattr(formula, part):,}" if formula is not None else "n/a")
+                for part in COMPONENTS if getattr(result, part) != getattr(second, part)]
     data = {"agree": not problems, "backends": [result.backend, second.backend],
-            result.backend: {p: getattr(result, p) for p in (*parts, "other")},
-            second.backend: {p: getattr(second, p) for p in (*parts, "other")}}
+            result.backend: {p: getattr(result, p) for p in PARTS},
+            second.backend: {p: getattr(second, p) for p in PARTS}}
     return data, problems
 
 
@@ -136,20 +134,19 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
     for result in profiles:
         own = alone if id(result) in swept else bounds
         found = check_bounds(own, result, settings.unit) if own is not None else []
-        if settings.strict and result.skipped_matmul_ops:
-            ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
-            found.append(STRICT_MESSAGE.format(ops=ops))
-        if settings.strict and result.fallback:
-            found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
         if settings.strict:
+            if result.skipped_matmul_ops:
+                ops = ", ".join(f"{op} x{count}" for op, count in sorted(result.skipped_matmul_ops.items()))
+                found.append(STRICT_MESSAGE.format(ops=ops))
+            if result.fallback:
+                found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
             found += [WARNING_MESSAGE.format(warning=warning) for warning in result.warnings]
         crosscheck = None
         second = item.stash.get(CROSSCHECK_KEY, {}).get(id(result))
         if second is not None:
             crosscheck, disagreements = _crosscheck(result, second)
             found += disagreements
-        key = row_key(item.nodeid, result.name, result.n, result.batch, result.mode, result.causal, result.backend,
-                      result.m)
+        key = row_key(item.nodeid, result)
         if settings.save_path is not None or baseline is not None:
             if key in keys_seen:
                 found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
@@ -192,17 +189,11 @@ def accept_line(item: pytest.Item, settings: Settings) -> str:
 def sweep_verdicts(rows: list[Row], judged: list[tuple[Sweep, list[str]]], bounded: bool) -> list[Row]:
     """Each row's verdict as the sweeps that hold its profile judged it too: ``FAIL`` on every row of a sweep
     whose crossover bound broke (the test failed on them), ``ok`` on a row a passed sweep bound checked."""
-    if not bounded:
-        return rows
-    judged_rows = []
-    for row in rows:
+    def verdict(row: Row) -> str:
         verdicts = [bool(found) for made, found in judged if any(row.profile is p or row.profile == p for p in made)]
-        if any(verdicts):
-            row = row.replace(verdict="FAIL")
-        elif verdicts and row.verdict == "-":
-            row = row.replace(verdict="ok")
-        judged_rows.append(row)
-    return judged_rows
+        return "FAIL" if any(verdicts) else "ok" if verdicts and row.verdict == "-" else row.verdict
+
+    return [row.replace(verdict=verdict(row)) for row in rows] if bounded else rows
 
 
 class AttncostCheckError(AssertionError):
@@ -251,18 +242,15 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
         rows = sweep_verdicts(rows, judged, bool(bounds is not None and bounds.has_sweep_bounds))
         problems += [problem for _, found in judged for problem in found]
         if not body_passed:
-            problems = []
-            rows = [row.replace(problems=(), verdict="-") for row in rows]
-        # JSON strings, so --junitxml shows JSON and xdist ships plain text
-        properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
-        properties += [(SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
-                                                   sort_keys=True, allow_nan=False)) for made, found in judged]
-        if not body_passed:
-            problems = []
+            problems, rows = [], [row.replace(problems=(), verdict="-") for row in rows]
         elif bounds is not None and not rows:
             problems = [NO_PROFILE]
         elif bounds is not None and bounds.has_sweep_bounds and not sweeps:
             problems.append(NO_SWEEP)
+        # JSON strings, so --junitxml shows JSON and xdist ships plain text
+        properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
+        properties += [(SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
+                                                   sort_keys=True, allow_nan=False)) for made, found in judged]
     item.stash[PROPERTIES_KEY] = properties
     item.stash[CHECKED_KEY] = problems
     return problems
@@ -273,26 +261,23 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
 
 @dataclass
 class Baselines:
-    """The --attncost-compare baseline and the --attncost-save file's current entries."""
+    """The --attncost-compare baseline's entries and the versions that made it."""
 
     compare: dict[RowKey, dict[str, Any]] | None = None
     compare_versions: dict[str, str] | None = None
-    existing: dict[RowKey, dict[str, Any]] | None = None
 
 
 def load_baselines(config: pytest.Config, settings: Settings) -> Baselines:
     """Controller: read and validate once; workers get the compare entries through workerinput."""
     if is_worker(config):
         shipped = config.workerinput.get("attncost_baseline")  # type: ignore[attr-defined]
-        if shipped is None:
-            return Baselines()
-        return Baselines(compare={entry_key(row): row for row in shipped})
+        return Baselines() if shipped is None else Baselines(compare={entry_key(row): row for row in shipped})
     result = Baselines()
     try:
         if settings.compare_path is not None:
             result.compare, result.compare_versions = load(settings.compare_path)
         if settings.save_path is not None and settings.save_path.exists():
-            result.existing, _ = load(settings.save_path)
+            load(settings.save_path)  # a file the save could not merge into is refused before the tests run
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
     return result
@@ -373,9 +358,8 @@ class AttncostSession:
             reasons.append(f"the run stopped early ({session.shouldstop or session.shouldfail})")
         if session.exitstatus == pytest.ExitCode.INTERRUPTED:
             reasons.append("the run was interrupted")
-        ran = sum(1 for outcome in self.outcomes.values())
-        if not reasons and ran < self.collected:
-            reasons.append(f"only {ran} of {self.collected} collected tests ran")
+        if not reasons and len(self.outcomes) < self.collected:
+            reasons.append(f"only {len(self.outcomes)} of {self.collected} collected tests ran")
         return "; ".join(dict.fromkeys(reasons)) if reasons else None
 
     def _prune_scope(self) -> tuple[str, ...] | str:
@@ -428,17 +412,13 @@ class AttncostSession:
             self.outcomes.setdefault(report.nodeid, "passed")
         if report.when != "teardown":
             return
-        index = 0
-        for key, value in report.user_properties:
-            if key in (USER_PROPERTY, SWEEP_PROPERTY):
-                data = _ours(value)
-                if data is None:  # a user's own record_property("attncost", ...) is theirs
-                    pass
-                elif key == SWEEP_PROPERTY:
-                    self.sweeps[(report.nodeid, index)] = SweepRow.from_dict(data)
-                elif "verdict" in data and "problems" in data:  # a row of ours: one that cannot be read is a bug
-                    self.rows[(report.nodeid, index)] = Row.from_dict(data)
-            index += 1
+        for index, (key, value) in enumerate(report.user_properties):
+            # None: a user's own record_property("attncost", ...), which is theirs
+            data = _ours(value) if key in (USER_PROPERTY, SWEEP_PROPERTY) else None
+            if data is not None and key == SWEEP_PROPERTY:
+                self.sweeps[(report.nodeid, index)] = SweepRow.from_dict(data)
+            elif data is not None and "verdict" in data and "problems" in data:  # ours: one unread is a bug
+                self.rows[(report.nodeid, index)] = Row.from_dict(data)
 
     def final_sweeps(self) -> list[SweepRow]:
         return sorted(self.sweeps.values(), key=lambda s: s.key)
@@ -475,16 +455,13 @@ class AttncostSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.plot_dir is not None and sweeps:
             self._write("plots", self.settings.plot_dir, lambda: self._plot(sweeps, unit), errors=Exception)
-        if self.settings.json_path is not None:
-            self._write("json", self.settings.json_path,
-                        lambda: files.write(self.settings.json_path, render_json(rows, unit, sweeps)))  # type: ignore[arg-type]
+        if (json_path := self.settings.json_path) is not None:
+            self._write("json", json_path, lambda: files.write(json_path, render_json(rows, unit, sweeps)))
         for kind, path in self.settings.exports:
             self._write(kind, path, functools.partial(files.write, path, render_export(kind, rows)))
-        markdown = None
-        if self.settings.markdown_path is not None:
-            markdown = render_markdown(rows, unit, sweeps, self.settings.markdown_path.parent)
-            self._write("markdown", self.settings.markdown_path,
-                        lambda: files.write(self.settings.markdown_path, markdown))  # type: ignore[arg-type]
+        if (markdown_path := self.settings.markdown_path) is not None:
+            markdown = render_markdown(rows, unit, sweeps, markdown_path.parent)
+            self._write("markdown", markdown_path, lambda: files.write(markdown_path, markdown))
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary and (self.settings.report or self.settings.markdown_path is not None):
             text = render_markdown(rows, unit, sweeps, link_plots=False)
@@ -581,17 +558,16 @@ class AttncostSession:
             return
         lines = []
         now = versions()
-        drift = [f"{name} {old} -> {now.get(name, 'absent')}" for name, old in sorted((baselines.compare_versions or {}).items())
+        drift = [f"{name} {old} -> {now.get(name, 'absent')}"
+                 for name, old in sorted((baselines.compare_versions or {}).items())
                  if name in ("torch", "fvcore", "pytest-attncost") and now.get(name) != old]
         if drift:
             lines.append(f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ")
-        new = sorted({(r.test_id, r.profile.name, r.profile.n, r.profile.batch) for r in self.rows.values()
-                      if r.vs_baseline == "new"})
+        new = sorted({r.key[:4] for r in self.rows.values() if r.vs_baseline == "new"})
         lines += [f"new (not in the baseline): {t} [{name} n={n} batch={b}]" for t, name, n, b in new]
-        missing = self.missing()
         strict = " (fails the run: --attncost-compare-strict)" if self.settings.compare_strict else ""
         lines += [f"missing (in the baseline, not seen in this run){strict}: {t} [{name} n={n} batch={b}]"
-                  for t, name, n, b, *_ in missing]
+                  for t, name, n, b, *_ in self.missing()]
         if lines:
             terminalreporter.write_sep("-", f"attncost baseline {self.settings.compare_path}")
             for line in lines:

@@ -55,7 +55,8 @@ def test_one_identity_for_rows_baselines_and_order():
     rows = _rows()
     for row in rows:
         assert entry_key(row.to_dict()) == row.key
-    assert rows[1].key == row_key("t.py::test_a", "BertModel", 128, 1, "forward", "full", "torch")
+    assert rows[1].key == row_key("t.py::test_a", {"name": "BertModel", "n": 128, "batch": 1, "mode": "forward",
+                                                   "causal": "full", "backend": "torch"})
     document = json.loads(render_json(rows))
     assert [p["test_id"] for p in document["profiles"]] == ["t.py::test_a", "t.py::test_b", "t.py::test_c"]
 
