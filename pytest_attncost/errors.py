@@ -72,7 +72,8 @@ def named(name: str, exc: ProfileError) -> ProfileError:
 
 
 #: Code that is not the model's: the counters, the plugin, pytest and the standard library.
-_NOT_THE_MODEL = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "fvcore", "pytest_attncost", "_pytest", "pluggy"))
+_NOT_THE_MODEL = tuple(f"{os.sep}{name}{os.sep}"
+                       for name in ("torch", "fvcore", "pytest_attncost", "_pytest", "pluggy"))
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 #: A failure's cause, told by its message, and the fix for it (the first that matches).

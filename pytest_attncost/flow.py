@@ -25,7 +25,8 @@ class Flow:
 
     def __init__(self, records: Sequence[OpRecord]) -> None:
         self.records = records
-        self.products = [i for i, r in enumerate(records) if r.backward_of is None and (is_product(r.op) or is_fused(r.op))]
+        self.products = [i for i, r in enumerate(records)
+                         if r.backward_of is None and (is_product(r.op) or is_fused(r.op))]
         self.consumers: dict[int, list[int]] = {i: [] for i in self.products}
         for i in self.products:
             for source in sorted(records[i].fed_by):
