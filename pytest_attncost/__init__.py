@@ -8,6 +8,8 @@ model you are waiting for" (PaperWeekly / kexue.fm, 2021) does: attention core
 
 from __future__ import annotations
 
+import importlib
+
 from .conventions import Formula
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import Memory, activation_bytes, memory_crossover_n, model_state_bytes
@@ -35,69 +37,21 @@ from .units import format_count, parse_count
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Costs",
-    "Formula",
-    "Memory",
-    "ModelSpec",
-    "Profile",
-    "ProfileError",
-    "Sweep",
-    "Timing",
-    "TimingSweep",
-    "__version__",
-    "activation_bytes",
-    "attention",
-    "attention_core",
-    "attention_proj",
-    "crossover_n",
-    "decode_costs",
-    "decode_crossover_n",
-    "decode_quadratic_n",
-    "decode_sweep",
-    "ffn",
-    "format_count",
-    "Generation",
-    "generation_cost",
-    "kept_pairs",
-    "kv_cache_bytes",
-    "layer_costs",
-    "linear_attention_saving",
-    "measure",
-    "measure_memory",
-    "measure_sweep",
-    "memory_crossover_n",
-    "model_state_bytes",
-    "model_costs",
-    "parse_count",
-    "clear_cache",
-    "profile",
-    "quadratic_n",
-    "sweep",
-]
+__all__ = ["Costs", "Formula", "Generation", "Memory", "ModelSpec", "Profile", "ProfileError", "Sweep", "Timing",
+           "TimingSweep", "__version__", "activation_bytes", "attention", "attention_core", "attention_proj",
+           "clear_cache", "crossover_n", "decode_costs", "decode_crossover_n", "decode_quadratic_n", "decode_sweep",
+           "ffn", "format_count", "generation_cost", "kept_pairs", "kv_cache_bytes", "layer_costs",
+           "linear_attention_saving", "measure", "measure_memory", "measure_sweep", "memory_crossover_n", "model_costs",
+           "model_state_bytes", "parse_count", "profile", "quadratic_n", "sweep"]
+
+#: What loads only when asked for, and the module that holds it: torch and fvcore are imported when counting is
+#: asked for, so `pytest --help` and suites that never profile do not pay for them.
+_LAZY = {**dict.fromkeys(("profile", "ProfileError", "sweep", "clear_cache", "decode_sweep", "measure", "measure_sweep",
+                          "measure_memory"), "api"),
+         "Profile": "result", "Timing": "result", "Sweep": "series", "TimingSweep": "series"}
 
 
 def __getattr__(name: str) -> object:
-    # torch and fvcore load only when counting is asked for: `pytest --help` and suites
-    # that never profile do not pay for them.
-    if name in ("profile", "ProfileError", "sweep", "clear_cache"):
-        from . import api
-
-        return getattr(api, name)
-    if name == "Profile":
-        from .result import Profile
-
-        return Profile
-    if name in ("Sweep", "TimingSweep"):
-        from . import series
-
-        return getattr(series, name)
-    if name == "Timing":
-        from .result import Timing
-
-        return Timing
-    if name in ("decode_sweep", "measure", "measure_sweep", "measure_memory"):
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
