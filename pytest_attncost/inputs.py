@@ -10,6 +10,7 @@ cache is copied afresh for every count (the forward appends to it). After the co
 
 from __future__ import annotations
 
+import collections
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -268,12 +269,8 @@ NO_CACHE_SEEN = ("a decode step against a cache of n={n} tokens was asked for, b
 
 def _common_queries(parts: Split) -> int | None:
     """The query length most core groups of the layers saw (the first such on a tie)."""
-    if not parts.lengths:
-        return None
-    counts: dict[int, int] = {}
-    for queries, _, _ in parts.lengths:
-        counts[queries] = counts.get(queries, 0) + 1
-    return max(counts, key=lambda q: counts[q])
+    counts = collections.Counter(queries for queries, _, _ in parts.lengths)
+    return counts.most_common(1)[0][0] if counts else None  # most_common keeps the first of a tie first
 
 
 def token_shape(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -316,17 +313,17 @@ def _tensors_in(value: Any, found: dict[int, torch.Tensor], depth: int = 0, seen
     seen.add(id(value))
     if isinstance(value, torch.Tensor):
         found[id(value)] = value
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            _tensors_in(item, found, depth + 1, seen)
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        for item in value:
-            _tensors_in(item, found, depth + 1, seen)
-    elif isinstance(value, nn.Module) or isinstance(value, (str, bytes, int, float, bool, type(None))):
         return
-    elif hasattr(value, "__dict__"):
-        for item in vars(value).values():
-            _tensors_in(item, found, depth + 1, seen)
+    if isinstance(value, Mapping):
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = value
+    elif isinstance(value, (nn.Module, str, bytes, int, float, bool, type(None))) or not hasattr(value, "__dict__"):
+        return
+    else:
+        items = vars(value).values()
+    for item in items:
+        _tensors_in(item, found, depth + 1, seen)
 
 
 def fresh(args: tuple[Any, ...], kwargs: dict[str, Any], *, meta: bool = True) -> Call:
@@ -335,12 +332,7 @@ def fresh(args: tuple[Any, ...], kwargs: dict[str, Any], *, meta: bool = True) -
     The forward appends to the cache, so a second count (the fallback, a cross-check) must
     not see the first one's keys.
     """
-    found: dict[int, torch.Tensor] = {}
-    _tensors_in((args, kwargs), found)
-    memo: dict[int, Any] = {}
-    for key, tensor in found.items():
-        memo[key] = torch.empty_like(tensor, device="meta") if meta else tensor.clone()
-    return copy.deepcopy((args, kwargs), memo)
+    return remade((args, kwargs), lambda tensor: torch.empty_like(tensor, device="meta") if meta else tensor.clone())[0]
 
 
 def remade(call: Call, make: Callable[[torch.Tensor], Any]) -> tuple[Call, dict[int, Any]]:
