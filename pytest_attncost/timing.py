@@ -44,9 +44,7 @@ _FUSED = FUSED_ATTENTION_OPS | {op for op in MATMUL_LIKE_UNSUPPORTED if "attenti
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
-        return tuple(value)
-    return None
+    return tuple(value) if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value) else None
 
 
 def _operand_shapes(op: str, shapes: Sequence[Any]) -> list[tuple[int, ...]]:

@@ -78,9 +78,7 @@ def parse_count(value: object) -> Fraction:
 
 def format_tokens(value: float | None) -> str:
     """A length in tokens: ``1,536``, ``8,320.5``, or ``none``."""
-    if value is None:
-        return "none"
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+    return "none" if value is None else f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True) -> str:
