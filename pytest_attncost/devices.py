@@ -1,13 +1,5 @@
-"""Peak FLOP/s and memory bandwidth of named devices, and the roofline over them.
-
-A device's peak is the vendor's dense figure per dtype (no 2:4 sparsity), its bandwidth that of the memory
-the weights live in. The table is small and each entry names its source; ``"cpu"`` is this machine, measured
-(a float32 matrix product and a copy, best of a few). A peak is named ``"<device>-<dtype>"``
-(``"h100-sxm-bf16"``), or given as a number of FLOP/s.
-
-The roofline of an op that does ``F`` FLOP and moves ``B`` bytes on a device of peak ``P`` and bandwidth
-``W``: it takes at least ``max(F / P, B / W)``; it is compute-bound where ``F / B`` (its arithmetic
-intensity) exceeds ``P / W`` (the device's ridge point), memory-bound below.
+"""Peak FLOP/s (the vendors' dense figures per dtype) and memory bandwidth of named devices, ``"cpu"`` measured,
+and the roofline over them: docs/roofline.md. A peak is ``"<device>-<dtype>"`` or a number of FLOP/s.
 """
 
 from __future__ import annotations

@@ -167,9 +167,7 @@ def _read(parse: Callable[[object], Any]) -> Callable[[str, object], Any]:
 
 # --- bounds on measured time -------------------------------------------------------------------
 
-#: Marker keywords on measured shares (same meaning as the MAC shares, over measured time).
-#: A bound on measured time is checked only with at least MIN_REPEATS repeats: fewer cannot tell a
-#: broken bound from a noisy one.
+#: The repeats a bound on measured time needs: fewer cannot tell a broken bound from a noisy one.
 MIN_REPEATS = 5
 TIME_BOUNDS = ("attention_time_share_max", "attention_time_share_min", "quadratic_time_share_max",
                "quadratic_time_share_min")
@@ -290,11 +288,7 @@ def parse_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bou
 def merged_kwargs(marks: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Combine marks from closest (function) to farthest (module): the nearest keyword wins."""
     args = next((tuple(mark.args) for mark in marks if mark.args), ())
-    kwargs: dict[str, Any] = {}
-    for mark in marks:
-        for key, value in mark.kwargs.items():
-            kwargs.setdefault(key, value)
-    return args, kwargs
+    return args, {key: value for mark in reversed(marks) for key, value in mark.kwargs.items()}
 
 
 # --- checks ------------------------------------------------------------------------------
@@ -323,8 +317,7 @@ def _formula_share(profile: Profile, part: str) -> str:
     if formula is None:
         return "no formula"
     denominator = formula.attention + formula.ffn
-    value = getattr(formula, part) / denominator if denominator else 0.0
-    return f"formula {value:.3f}"
+    return f"formula {getattr(formula, part) / denominator if denominator else 0.0:.3f}"
 
 
 def check_bounds(bounds: Bounds, profile: Profile, unit: str = "mac") -> list[str]:

@@ -1,18 +1,7 @@
-"""One forward pass for several lengths at once: a sweep's count in one run.
+"""One forward pass for several lengths at once: the length is one ``torch.SymInt`` whose node holds every
+length's value, and each decision on a size must agree at all of them, else :class:`Diverged`.
 
-A sweep counts the same model at k lengths, and a count on the meta device does no
-arithmetic: what the k runs compute are shapes, and the Python that builds them runs k
-times over. Here the length is one ``torch.SymInt`` whose node holds the k values, one
-per length. Every size computed from it (by the model's Python, torch's meta kernels and
-the counter's formulas) is computed at each length, element by element, so each op's MACs
-come out as k exact integers.
-
-The run is the k concrete runs, not an approximation of them: whenever anything decides
-on a size (``if``, ``int()``, ``range()``, a kernel's check, a contiguity test), the k
-answers must agree, and then that one branch is the branch each of the k runs takes. If
-they disagree (a model that switches kernels above some length, pads to a multiple, ...)
-the run stops with :class:`Diverged` and the caller counts each length on its own. No
-polynomial is fitted and nothing is assumed about how counts grow with n.
+How and why: docs/sweeps.md ("One run for all lengths").
 """
 
 from __future__ import annotations
@@ -40,11 +29,8 @@ POSSIBLE = TORCH_VERSION >= (2, 9)
 
 
 class Diverged(BaseException):
-    """The lengths took different branches: the run cannot stand for all of them.
-
-    A BaseException, so that no ``except Exception`` in a model's code (or torch's) can
-    swallow it and carry on down one branch for all lengths.
-    """
+    """The lengths took different branches; a BaseException, so that no ``except Exception`` in a model's code
+    (or torch's) can swallow it and carry on down one branch for all lengths."""
 
 
 _STATE = {"diverged": False}
@@ -54,11 +40,9 @@ def _values(value: Any, k: int) -> tuple[Any, ...]:
     return value.values if isinstance(value, _Node) else (value,) * k
 
 
-_KINDS: dict[type, type] = {int: int, bool: bool, float: float}  # a value's kind of SymNode (else float)
-
-
 def _kind(value: Any) -> type:
-    return _KINDS.get(type(value), float)
+    """A value's kind of SymNode: int, bool, else float."""
+    return type(value) if type(value) in (int, bool) else float
 
 
 def _dense_in_order(order: Sequence[int]) -> Callable[[Sequence[int], Sequence[int]], bool]:
@@ -146,11 +130,7 @@ def _is(kind: type) -> Callable[[_Node], bool]:
 
 def _maybe_as(kind: type) -> Callable[[_Node], Any]:
     """The one value of every length as *kind*, None where they differ."""
-    def method(self: _Node) -> Any:
-        values = self.values
-        return kind(values[0]) if values.count(values[0]) == len(values) else None
-
-    return method
+    return lambda self: kind(self.values[0]) if self.values.count(self.values[0]) == len(self.values) else None
 
 
 def _wrap(kind: type) -> Callable[[_Node, Any], _Node]:
@@ -173,11 +153,7 @@ def _layout(check: Callable[[Sequence[int], Sequence[int]], bool]) -> Callable[[
 
 
 class _Node:
-    """A SymNode with one value per length (what torch.SymInt/SymFloat/SymBool wrap).
-
-    torch calls these methods for arithmetic on sizes, and the ``guard_*`` ones where a
-    decision is taken: those demand one answer for all lengths.
-    """
+    """A SymNode with one value per length (what torch.SymInt/SymFloat/SymBool wrap)."""
 
     __slots__ = ("values", "pytype")
     _hint = None  # no cached hint: torch's helpers then ask the ShapeEnv, which asks the node
@@ -214,9 +190,8 @@ class _Node:
 
     # --- decisions: every length must take the same one
     def _one(self) -> Any:
-        values = self.values
-        first = values[0]
-        if values.count(first) != len(values):
+        first = self.values[0]
+        if self.values.count(first) != len(self.values):
             _STATE["diverged"] = True
             raise Diverged(f"a decision on the length differs between the lengths: {self.values}")
         return first
@@ -227,28 +202,20 @@ class _Node:
         expect_true = expect_size = _guard(bool)
 
     # --- arithmetic, length by length
-    add = _binary(operator.add)
-    sub = _binary(operator.sub)
-    mul = _binary(operator.mul)
+    add, sub, mul, mod = map(_binary, (operator.add, operator.sub, operator.mul, operator.mod))
     truediv = float_truediv = int_truediv = _binary(operator.truediv, float)
     pow = float_pow = pow_by_natural = _binary(operator.pow)
     floordiv = int_floordiv = _binary(operator.floordiv)
-    mod = _binary(operator.mod)
     eq, ne, gt, lt, le, ge = (_binary(fn, bool) for fn in (operator.eq, operator.ne, operator.gt, operator.lt,
                                                             operator.le, operator.ge))
-    sym_min = _binary(min)
-    sym_max = _binary(max)
-    sym_or = _binary(lambda a, b: bool(a or b), bool)
-    sym_and = _binary(lambda a, b: bool(a and b), bool)
+    sym_min, sym_max = _binary(min), _binary(max)
+    sym_or, sym_and = _binary(lambda a, b: bool(a or b), bool), _binary(lambda a, b: bool(a and b), bool)
     bitwise_and, bitwise_xor, bitwise_or, lshift, rshift = map(_binary, (operator.and_, operator.xor, operator.or_,
                                                                         operator.lshift, operator.rshift))
     sym_not = _unary(operator.not_, bool)
-    neg = _unary(operator.neg)
-    pos = _unary(operator.pos)
-    abs = _unary(builtins.abs)
+    neg, pos, abs = (_unary(fn) for fn in (operator.neg, operator.pos, builtins.abs))
     ceil, floor, trunc = (_unary(fn, int) for fn in (math.ceil, math.floor, math.trunc))
-    sym_float = _unary(float, float)
-    sym_int = _unary(int, int)
+    sym_float, sym_int = _unary(float, float), _unary(int, int)
     sym_sqrt = _unary(math.sqrt, float)
     is_integer = _unary(lambda v: float(v).is_integer(), bool)
 
@@ -284,9 +251,7 @@ class _Env:
     """What torch's helpers ask a node's ShapeEnv: a value known for all lengths, or a decision."""
 
     def _maybe_evaluate_static(self, expr: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(expr, _Node):
-            return expr._one()  # differing answers are a decision the run cannot take
-        return None
+        return expr._one() if isinstance(expr, _Node) else None  # differing answers: a decision the run cannot take
 
     def evaluate_sym_node(self, node: _Node, *args: Any, **kwargs: Any) -> Any:
         return node._one()
@@ -337,10 +302,9 @@ def enabled() -> Iterator[None]:
     from torch._subclasses import fake_impls
 
     _STATE["diverged"] = False
-    # Fake tensors compute a view's (and a layer norm's) sizes and strides with torch's reference
-    # implementation run on fake tensors, so each of its inner ops is dispatched to the fake mode again:
-    # with a swept length, ~0.8 ms a view. Left to the meta kernel (the same reference, run on meta tensors
-    # under the fake mode) it is half that. Put back when the run ends.
+    # Fake tensors compute a view's (and a layer norm's) sizes with torch's reference implementation, each inner op
+    # dispatched to the fake mode again: ~0.8 ms a view with a swept length. The meta kernel (the same reference, on
+    # meta tensors) takes half that. Put back when the run ends.
     table = fake_impls.op_implementations_dict
     aten = torch.ops.aten
     saved = {op: table.pop(op) for op in (aten.view.default, aten._unsafe_view.default, aten.native_layer_norm.default)

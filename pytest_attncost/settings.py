@@ -145,8 +145,7 @@ def _samefile(one: Path, other: Path) -> bool:
 
 
 def _not_a_baseline(named: dict[str, Path | None]) -> None:
-    """A report written over a saved baseline would replace its entries: refused (unless
-    --attncost-replace-baseline)."""
+    """A report written over a saved baseline would replace its entries: refused (--attncost-replace-baseline)."""
     for option, path in named.items():
         if path is not None and is_baseline(path):
             raise pytest.UsageError(f"{option}={path}: {path} is a saved attncost baseline, which this report would "
@@ -158,8 +157,7 @@ def _plot_dir(config: pytest.Config) -> Path | None:
     plot_dir = _path(config, "attncost_plot")
     if plot_dir is None:
         return None
-    planted = files.planted_link(plot_dir)  # the plots' own files are checked as they are written
-    if planted is not None:
+    if (planted := files.planted_link(plot_dir)) is not None:  # the plots' own files are checked as they are written
         raise pytest.UsageError(f"--attncost-plot={plot_dir}: {planted}")
     if plot_dir.exists() and not plot_dir.is_dir():
         raise pytest.UsageError(f"--attncost-plot={plot_dir}: is a file; give a directory")
@@ -207,8 +205,7 @@ def _checked(path: Path, option: str, value: str, what: str = "report") -> Path:
         raise pytest.UsageError(f"{option}={value}: directory {parent} does not exist; create it first")
     if not parent.is_dir():
         raise pytest.UsageError(f"{option}={value}: {parent} is not a directory")
-    problem = files.unwritable(path)  # read-only, a socket, a directory the file cannot be replaced in
-    if problem is not None:
+    if (problem := files.unwritable(path)) is not None:  # read-only, a socket, a directory it cannot be replaced in
         raise pytest.UsageError(f"{option}={value}: {what} {problem}")
     return path
 
@@ -298,6 +295,5 @@ def add_options(parser: pytest.Parser) -> None:
     for name, argument, ini, text in _OPTIONS:
         if argument is not None:  # default=None, not False: "not given" is told apart so the ini twin is consulted
             group.addoption(f"--attncost-{name}", default=None, help=text, **argument)
-        if ini is not None:
-            kind, default = ini
-            parser.addini(f"attncost_{name.replace('-', '_')}", text, type=kind, default=default)
+        if ini is not None:  # (type, default)
+            parser.addini(f"attncost_{name.replace('-', '_')}", text, *ini)

@@ -1,10 +1,5 @@
 """The timing engine behind ``measure()``: time real forward passes and split the time with the role map
-``profile()`` split the MACs with.
-
-The counts stay the source of truth (DECISIONS: measured time is reported, never gated by a
-baseline unless the user asks); this module puts the time next to them, to show where the
-article's cost model and a real machine disagree ("attention: 40% of MACs, 58% of time at
-n=512 on this CPU").
+``profile()`` split the MACs with (the counts stay the source of truth: time is never stored in a baseline).
 
 How a forward pass is timed, and where each op's time goes: docs/time.md ("How a forward pass is timed").
 """
@@ -37,7 +32,6 @@ __all__ = ["DEFAULT_REPEATS", "DEFAULT_WARMUP", "Runs", "device_of", "time_forwa
 MODULE_RANGE = "attncost.module:"
 REPEAT_RANGE = "attncost.repeat:"
 
-
 TIMED_MACS_NOTE = ("the timed run multiplied {timed:,} MAC in {part} but the count says {counted:,}: the model ran "
                    "another path than the one counted, or a product was placed differently; compare by_module")
 TRACE_OVERHEAD_NOTE = ("the traced forward took {traced}, the plain one {forward}: the profiler's per-op cost (many "
@@ -50,9 +44,7 @@ _FUSED = FUSED_ATTENTION_OPS | {op for op in MATMUL_LIKE_UNSUPPORTED if "attenti
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
-        return tuple(value)
-    return None
+    return tuple(value) if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value) else None
 
 
 def _operand_shapes(op: str, shapes: Sequence[Any]) -> list[tuple[int, ...]]:
@@ -96,7 +88,7 @@ class _Placement:
         return "activation"
 
     def part(self, op: str, scope: str, shapes: Sequence[Any]) -> str:
-        """The part one timed op belongs to (see the module docstring's table)."""
+        """The part one timed op belongs to (the table of docs/time.md, "How a forward pass is timed")."""
         role = role_of(scope, self.roles)
         fused = op in _FUSED
         if fused or op in PRODUCTS:
@@ -295,12 +287,8 @@ class _Node:
 
 
 def _event_tree(prof: Any) -> list[_Node]:
-    """The repeat ranges, each with its nested events, from the profiler's raw (kineto) events.
-
-    Reading the raw events is ten times faster than ``prof.events()`` (which builds a Python
-    object with memory and stack details per event): it matters for 12-layer models. Kernels are
-    attached to the op that launched them by correlation id, as ``torch.autograd.profiler`` does.
-    """
+    """The repeat ranges, each with its nested events, from the profiler's raw (kineto) events: ten times faster
+    than ``prof.events()``. Kernels go to the op that launched them by correlation id, as torch's profiler does."""
     from torch._C._autograd import DeviceType
 
     raw = prof.profiler.kineto_results.events()
@@ -390,8 +378,7 @@ def time_forward(counted: Profile, model: Any, built: Built, runs: Runs) -> Timi
         raise TimingError(f"{counted.name} could not run on {device} ({type(exc).__name__}: {exc})") from exc
     if len(events) != repeats:
         raise TimingError(f"{counted.name}: the profiler recorded {len(events)} of {repeats} repeats")
-    params, buffers = _shape_sets(runner)
-    placement = _Placement(counted.roles, counted.roles_given, params, buffers)
+    placement = _Placement(counted.roles, counted.roles_given, *_shape_sets(runner))
     samples: dict[str, list[float]] = {key: [] for key in (*PARTS, *TOTALS)}
     by_module: dict[str, list[float]] = {}
     timed_macs, unread = dict.fromkeys(PARTS, 0), {}
@@ -422,11 +409,10 @@ def _timed_runs(runner: nn.Module, run: Callable[[], Any], runs: Runs
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
-    device = runs.device
-    cuda = device.type == "cuda"
+    cuda = runs.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     traced: list[float] = []
-    with _timing_environment(device, runs.threads):
+    with _timing_environment(runs.device, runs.threads):
         for _ in range(runs.warmup):
             _seconds(run, cuda)
         plain = [_seconds(run, cuda) for _ in range(runs.repeats)]
@@ -439,7 +425,7 @@ def _timed_runs(runner: nn.Module, run: Callable[[], Any], runs: Runs
                         traced.append(_seconds(run, cuda))
         finally:
             ranges.remove()
-        device_name = _describe(device)  # the thread count in force while timing
+        device_name = _describe(runs.device)  # the thread count in force while timing
     return plain, traced, _event_tree(prof), device_name
 
 

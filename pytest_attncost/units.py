@@ -78,9 +78,7 @@ def parse_count(value: object) -> Fraction:
 
 def format_tokens(value: float | None) -> str:
     """A length in tokens: ``1,536``, ``8,320.5``, or ``none``."""
-    if value is None:
-        return "none"
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+    return "none" if value is None else f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True) -> str:
@@ -94,7 +92,6 @@ def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True
     if unit not in UNITS:
         raise UnitError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
     value = Fraction(macs) * (FLOP_PER_MAC if unit == "flop" else 1)
-    label = unit.upper() if suffix else ""
     prefix = ""
     for name, scale in reversed(PREFIXES.items()):
         if abs(value) >= scale:
@@ -106,7 +103,7 @@ def format_count(macs: int | Fraction, unit: str = "mac", *, suffix: bool = True
         text = f"{float(value):.3g}"
         if "e" in text:  # 999.7 rounds to "1e+03"
             text = f"{float(value):.0f}"
-    return f"{text}{prefix} {label}".rstrip()
+    return f"{text}{prefix} {unit.upper() if suffix else ''}".rstrip()
 
 
 # --- bytes (KV-cache memory) -----------------------------------------------------------------
@@ -155,15 +152,9 @@ def format_seconds(seconds: float) -> str:
 
 def table(headers: Sequence[str], body: Sequence[Sequence[str]], *, right: Iterable[int] | None = None,
           rule: bool = True) -> list[str]:
-    """Lines of a plain-text table: the one formatter of the report and the CLI.
-
-    Args:
-        headers: column titles.
-        body: rows of cells, already formatted.
-        right: indices of the right-aligned (numeric) columns; default: all but the first two and the last,
-            the report's layout (test and model on the left, verdict last).
-        rule: a line of dashes under the headers.
-    """
+    """Lines of a plain-text table (the report's and the CLI's): *right* are the right-aligned columns' indices,
+    by default all but the first two and the last (test and model on the left, verdict last); *rule* dashes
+    under the headers."""
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
     numeric = set(range(2, len(headers) - 1) if right is None else right)
 
