@@ -1,11 +1,6 @@
 """The attncost report: one typed :class:`Row` per profile, one table formatter, shared sections.
 
-A :class:`Row` is a :class:`~pytest_attncost.result.Profile` as one test saw it: the test id,
-the verdict and problems of its checks, its outcome, the baseline cell, the cross-check and
-measured time. It becomes a dict only where it crosses a process or a file
-(:meth:`Row.to_dict`, :meth:`Row.from_dict`: xdist, ``--junitxml``, JSON, baselines).
-The terminal and Markdown reports render the same :func:`sections`, so neither can lack
-what the other shows. Renderers never see the pytest config: each is a plain function.
+How rows travel and why every format renders the same sections: docs/reports.md, "How a report is built".
 """
 
 from __future__ import annotations
@@ -154,9 +149,6 @@ class SweepRow:
         return cls(test_id=str(data["test_id"]), sweep=Sweep([Profile.from_dict(p) for p in data["profiles"]]),
                    problems=tuple(data.get("problems") or ()), plots=tuple(data.get("plots") or ()))
 
-    def replace(self, **changes: Any) -> SweepRow:
-        return dataclasses.replace(self, **changes)
-
 
 _COLUMNS = (
     "test", "model", "n", "batch", "total", "attention", "FFN", "other",
@@ -269,11 +261,8 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
         text = ", ".join(f"{op.removeprefix('aten::')} x{count}" + (" (MATMUL, not counted!)" if op in skipped else "")
                          for op, count in sorted(ops.items()))
         groups.setdefault((row.profile.name, text), []).append(f"{row.test_id} n={row.profile.n}")
-    lines = []
-    for (name, text), where in groups.items():
-        shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
-        lines.append(f"{name} [{shown}]: {text}")
-    return lines
+    return [f"{name} [{', '.join(where[:3])}" + (f" and {len(where) - 3} more" if len(where) > 3 else "") + f"]: {text}"
+            for (name, text), where in groups.items()]
 
 
 def time_lines(rows: Sequence[Row]) -> list[str]:
@@ -480,14 +469,9 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Swe
     With a *width*, the table keeps its essential columns and shortened test ids so that every
     line fits, and long lines wrap with indentation; ``full=True`` keeps every column.
     """
-    return [wrapped for line in _render_terminal(rows, unit, sweeps, width, full) for wrapped in _wrap(line, width)]
-
-
-def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[SweepRow], width: int | None,
-                     full: bool) -> list[str]:
     rows = sort_rows(rows)
     if not rows:
-        return ["no profiles were made in this session"]
+        return _wrap("no profiles were made in this session", width)
     headers, body = _table(rows, unit)
     if not full:
         for cells, short in zip(body, _short_ids([r.test_id for r in rows])):
@@ -503,11 +487,7 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[SweepRow],
         plotted = [path for paths in section.images.values() for path in paths]
         if plotted:
             lines.append(f"  plots: {len(plotted)} PNG (and SVG) in {Path(plotted[0]).parent}")
-    return lines
-
-
-def _markdown_cell(text: str) -> str:
-    return markdown_text(text).replace("|", "\\|")
+    return [wrapped for line in lines for wrapped in _wrap(line, width)]
 
 
 def markdown_text(text: str) -> str:
@@ -553,10 +533,9 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Swe
         return "\n".join([*out, "No profiles were made in this session.", ""])
     headers, body = _table(rows, unit)
     out.append("| " + " | ".join(headers) + " |")
-    last = len(headers) - 1
-    out.append("|" + "|".join("---" if i in (0, 1, last) else "---:" for i in range(len(headers))) + "|")
-    out += ["| " + " | ".join([markdown_code(cells[0], cell=True), *map(_markdown_cell, cells[1:])]) + " |"
-            for cells in body]
+    out.append("|" + "|".join("---" if i in (0, 1, len(headers) - 1) else "---:" for i in range(len(headers))) + "|")
+    out += ["| " + " | ".join([markdown_code(cells[0], cell=True),
+                               *(markdown_text(c).replace("|", "\\|") for c in cells[1:])]) + " |" for cells in body]
     out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹); shares are of attention "
                 "+ FFN; deviation is the largest relative difference from the formula."]
     # test ids in code spans, as in the table: ids such as test_x[<lambda>] or a__b__c stay as written
