@@ -185,15 +185,11 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
     memory = footprint.memory_crossovers(spec) is not None
     for n in lengths:
         costs = formulas.layer_costs(spec, n, batch)
-        rows.append({
-            "n": n,
-            **{part: getattr(costs, part) for part in ("attention", *COMPONENTS)},
-            "layer": costs.total,
-            "model": formulas.model_costs(spec, n, batch).total,
-            "attention_share": costs.attention / costs.total if costs.total else 0.0,
-            "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
-            "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
-        })
+        rows.append({"n": n, **{part: getattr(costs, part) for part in ("attention", *COMPONENTS)},
+                     "layer": costs.total, "model": formulas.model_costs(spec, n, batch).total,
+                     "attention_share": costs.attention / costs.total if costs.total else 0.0,
+                     "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
+                     "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch)})
         if memory:  # what a training layer keeps: fp32, CPU's float dropout masks
             rows[-1]["activation_bytes"] = footprint.activation_bytes(spec, n, batch)
     return {"spec": spec.to_dict(), "batch": batch, "unit": "MAC", "rows": rows,
@@ -216,17 +212,11 @@ def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_
         proj = formulas.decode_attention_proj(spec, 1, batch)
         ffn = formulas.decode_ffn(spec, 1, batch)
         whole = core + proj + ffn
-        rows.append({
-            "n": n,
-            "attention_core": core,
-            "attention_proj": proj,
-            "ffn": ffn,
-            "attention": core + proj,
-            "attention_share": (core + proj) / whole if whole else 0.0,
-            "core_share": core / whole if whole else 0.0,
-            "model": formulas.decode_costs(spec, n, 1, batch).total,
-            "kv_cache_bytes": formulas.kv_cache_bytes(spec, n, batch, bytes_per_element),
-        })
+        rows.append({"n": n, "attention_core": core, "attention_proj": proj, "ffn": ffn, "attention": core + proj,
+                     "attention_share": (core + proj) / whole if whole else 0.0,
+                     "core_share": core / whole if whole else 0.0,
+                     "model": formulas.decode_costs(spec, n, 1, batch).total,
+                     "kv_cache_bytes": formulas.kv_cache_bytes(spec, n, batch, bytes_per_element)})
     return {"attention_n": as_float(formulas.decode_attention_n(spec)), "batch": batch,
             "bytes_per_element": bytes_per_element, "unit": "MAC", "rows": rows,
             **_thresholds(spec, formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec))}
@@ -620,9 +610,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          for c in rows] for n, rows in counted.items()}
         body = [[f"{n:,}", c.name, f"{c.macs:,}", f"{c.relative:+.1%}", "; ".join(term for term, _ in c.differs)]
                 for n, rows in counted.items() for c in rows]
-        headers = ["n", "convention", "MAC", "vs exact", "differs by"]
         texts.append("\n".join(["published conventions (forward MACs; vs the exact count of the layers):",
-                                 *text_table(headers, body, right=[0, 2, 3])]))
+                                 *text_table(["n", "convention", "MAC", "vs exact", "differs by"], body,
+                                             right=[0, 2, 3])]))
     if args.json:
         text = json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True)
     else:

@@ -1,16 +1,8 @@
 """Series: one model counted (or timed) at several lengths, and the thresholds solved from them.
 
-A Transformer's counts are polynomials in n: the attention core ``α·n + β·n²``
-(β = 0 for linear attention), the projections ``π·n`` and the FFN ``φ·n``. Two
-lengths determine the coefficients exactly; every further length must fit them.
-The thresholds are then solved in exact rational arithmetic, not interpolated
-between grid points:
-
-* crossover (attention = FFN): ``(α + π) + β·n = φ``, so ``n = (φ - α - π) / β``;
-* quadratic crossover (the quadratic term = the linear terms): ``β·n = α + π + φ``.
-
-A decode step's core is ``β·(n + q)`` in the cache length (:class:`DecodeSweep`); measured time
-has no such form and is interpolated (:class:`TimingSweep`). All three are sequences ordered by n.
+Counts are polynomials in n, so two lengths fix the coefficients and the thresholds are solved exactly
+(docs/sweeps.md, "Thresholds from the counts"): crossover ``n = (φ - α - π) / β``, quadratic ``β·n = α + π + φ``.
+A decode step's core is ``β·(n + q)`` (:class:`DecodeSweep`); measured time is interpolated (:class:`TimingSweep`).
 """
 
 from __future__ import annotations
@@ -63,10 +55,8 @@ def _linear_fit(points: Sequence[tuple[int, int]], what: str) -> tuple[Fraction,
     c1 = Fraction(v1, n1) - c2 * n1
     for n, value in points:
         if c1 * n + c2 * n * n != value:
-            raise SweepError(
-                f"{what} is not of the form a·n + b·n² across the sweep (n={n}: {value:,} MAC, "
-                f"fit predicts {float(c1 * n + c2 * n * n):,.0f})"
-            )
+            raise SweepError(f"{what} is not of the form a·n + b·n² across the sweep (n={n}: {value:,} MAC, "
+                             f"fit predicts {float(c1 * n + c2 * n * n):,.0f})")
     return c1, c2
 
 
@@ -181,16 +171,10 @@ class Sweep(Series[Profile]):
             crossover, quadratic, error = self.crossover(), self.quadratic_crossover(), None
         except SweepError as exc:
             crossover, quadratic, error = None, None, str(exc)
-        return {
-            "name": self.name,
-            "lengths": self.lengths,
-            "crossover_n": as_float(crossover),
-            "quadratic_crossover_n": as_float(quadratic),
-            "formula_crossover_n": as_float(self.formula_crossover()),
-            "formula_quadratic_n": as_float(self.formula_quadratic_crossover()),
-            "error": error,
-            "profiles": [p.to_dict() for p in self._items],
-        }
+        return {"name": self.name, "lengths": self.lengths, "crossover_n": as_float(crossover),
+                "quadratic_crossover_n": as_float(quadratic), "formula_crossover_n": as_float(self.formula_crossover()),
+                "formula_quadratic_n": as_float(self.formula_quadratic_crossover()), "error": error,
+                "profiles": [p.to_dict() for p in self._items]}
 
 
 class DecodeSweep(Series[Profile]):
@@ -261,11 +245,6 @@ class TimingSweep(Series[Timing]):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: every timing, the measured time crossover, and the formula's."""
-        return {
-            "name": self.name,
-            "lengths": self.lengths,
-            "time_crossover_n": self.crossover(),
-            "mac_crossover_n": self.mac_crossover(),
-            "formula_crossover_n": self.formula_crossover(),
-            "timings": [t.to_dict() for t in self._items],
-        }
+        return {"name": self.name, "lengths": self.lengths, "time_crossover_n": self.crossover(),
+                "mac_crossover_n": self.mac_crossover(), "formula_crossover_n": self.formula_crossover(),
+                "timings": [t.to_dict() for t in self._items]}
