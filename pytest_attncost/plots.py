@@ -171,11 +171,10 @@ def plot_decode(spec: ModelSpec, ns: Any, path: Any, new_tokens: int = 1, batch:
 
     lengths = sorted(ns)
     steps = [formulas.decode_costs(spec, n, new_tokens, batch) for n in lengths]
-    per_token = new_tokens * batch
     figure = Figure(figsize=(7, 4))
     ax = figure.add_subplot()
     for part, label in (("attention_core", "core"), ("attention_proj", "projections"), ("ffn", "FFN")):
-        ax.plot(lengths, [getattr(s, part) / per_token for s in steps], marker="o", label=label)
+        ax.plot(lengths, [getattr(s, part) / (new_tokens * batch) for s in steps], marker="o", label=label)
     cross = formulas.decode_crossover_n(spec)
     if cross is not None:
         ax.axvline(float(cross), color="grey", linestyle="--", label=f"core = FFN at {float(cross):,.0f}")

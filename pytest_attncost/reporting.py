@@ -304,9 +304,8 @@ def crosscheck_lines(rows: Sequence[Row]) -> list[str]:
             lines.append(f"{head}: {cross['error']}")
             continue
         first, second = cross["backends"]
-        a, b = cross[first], cross[second]
         lines.append(f"{head}: {'agree' if cross['agree'] else 'DISAGREE'}; "
-                     f"other {first} {a['other']:,} vs {second} {b['other']:,} MAC")
+                     f"other {first} {cross[first]['other']:,} vs {second} {cross[second]['other']:,} MAC")
     return lines
 
 
@@ -325,11 +324,9 @@ def sweep_lines(sweeps: Sequence[SweepRow]) -> list[str]:
         except SweepError as exc:
             lines.append(f"{head}: {exc}")
             continue
-        lines.append(
-            f"{head}: attention = FFN at n={_tokens(crossover)} (formula {_tokens(sweep.formula_crossover())}); "
-            f"quadratic term = linear terms at n={_tokens(quadratic)} "
-            f"(formula {_tokens(sweep.formula_quadratic_crossover())})"
-        )
+        lines.append(f"{head}: attention = FFN at n={_tokens(crossover)} (formula "
+                     f"{_tokens(sweep.formula_crossover())}); quadratic term = linear terms at n={_tokens(quadratic)} "
+                     f"(formula {_tokens(sweep.formula_quadratic_crossover())})")
     return lines
 
 

@@ -191,11 +191,9 @@ class DecodeSweep(Series[Profile]):
         first, last = self[0], self[-1]
         q = first.new_tokens or 1
         beta = Fraction(last.attention_core - first.attention_core, last.n - first.n)
-        for p in self:
-            if (p.attention_core != beta * (p.n + q) or p.ffn != first.ffn
-                    or p.attention_proj != first.attention_proj):
-                return None
-        return beta
+        fits = all(p.attention_core == beta * (p.n + q) and p.ffn == first.ffn
+                   and p.attention_proj == first.attention_proj for p in self)
+        return beta if fits else None
 
     def crossover(self) -> Fraction | None:
         """The context (keys a new token attends to, itself included) where the measured core reaches
