@@ -291,8 +291,7 @@ def render(data: dict[str, Any], name: str) -> str:
     lines += text_table(headers, body, right=range(len(headers)), rule=False)
     lines.append(_threshold(data["crossover_n"], 2, hd, "attention overtakes the FFN"))
     lines.append(_threshold(data["quadratic_n"], 6, hd, "the quadratic term dominates the layer"))
-    memory = data.get("memory_crossover_n")
-    if memory is not None:
+    if (memory := data.get("memory_crossover_n")) is not None:
         d = spec["head_dim"]
         lines.append(f"in training memory, the n×n activations pass the rest of a layer's at n = {memory['fp32']:,.0f}"
                      f" = {memory['fp32'] / d:.3g}d (fp32, float dropout masks: d·(16p + 2m)/(2p + m)), "
@@ -566,8 +565,7 @@ def _profile(argv: Sequence[str]) -> int:
              *text_table(headers, body, right=range(len(headers)), rule=False),
              "attn share is attention / (attention + FFN); deviation is the largest relative difference "
              "from the formula"]
-    warned = [f"  n={r.profile.n}: {w}" for r in rows for w in r.profile.warnings]
-    if warned:
+    if warned := [f"  n={r.profile.n}: {w}" for r in rows for w in r.profile.warnings]:
         lines += ["warnings (these numbers may be wrong):", *warned]
     _print("\n".join(lines))
     return 0

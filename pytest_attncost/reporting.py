@@ -375,13 +375,6 @@ def _short_ids(ids: Sequence[str]) -> list[str]:
     return [i[len(common) + 1 :] for i in ids] if common else list(ids)
 
 
-def _middle_cut(text: str, width: int) -> str:
-    if len(text) <= width:
-        return text
-    keep = width - 1
-    return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2) :]
-
-
 def _end_cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
@@ -405,7 +398,10 @@ def _cut_name(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     ends = [i for i in range(width // 2, width) if not text[i].isalnum() or text[i].isupper() and text[i - 1].islower()]
-    return text[: ends[-1]].rstrip(" -_.(/[") + "…" if ends else _middle_cut(text, width)
+    if ends:
+        return text[: ends[-1]].rstrip(" -_.(/[") + "…"
+    keep = width - 1
+    return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2) :]
 
 
 def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
