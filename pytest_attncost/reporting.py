@@ -90,11 +90,8 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``Profile.to_dict()`` plus the row's own keys (absent ones left out)."""
-        data = self.profile.to_dict()
-        data["test_id"] = self.test_id
-        data["skipped_matmul_ops"] = self.profile.skipped_matmul_ops
-        data["problems"] = list(self.problems)
-        data["verdict"] = self.verdict
+        data = {**self.profile.to_dict(), "test_id": self.test_id, "problems": list(self.problems),
+                "skipped_matmul_ops": self.profile.skipped_matmul_ops, "verdict": self.verdict}
         for name in _OPTIONAL:
             value = getattr(self, name)
             if value is not None:
@@ -136,9 +133,7 @@ class SweepRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``Sweep.to_dict()`` (its profiles included) plus the test id, problems and plots."""
-        data = self.sweep.to_dict()
-        data["test_id"] = self.test_id
-        data["problems"] = list(self.problems)
+        data = {**self.sweep.to_dict(), "test_id": self.test_id, "problems": list(self.problems)}
         if self.plots:
             data["plots"] = list(self.plots)
         return data

@@ -36,15 +36,11 @@ class Coefficients:
     def crossover(self) -> Fraction | None:
         """Where attention equals the FFN; None if it never does for n > 0."""
         gap = self.phi - self.alpha - self.pi
-        if self.beta <= 0 or gap <= 0:
-            return None
-        return gap / self.beta
+        return gap / self.beta if self.beta > 0 and gap > 0 else None
 
     def quadratic_crossover(self) -> Fraction | None:
         """Where the quadratic term equals all linear terms; None without a quadratic term."""
-        if self.beta <= 0:
-            return None
-        return (self.alpha + self.pi + self.phi) / self.beta
+        return (self.alpha + self.pi + self.phi) / self.beta if self.beta > 0 else None
 
 
 def _linear_fit(points: Sequence[tuple[int, int]], what: str) -> tuple[Fraction, Fraction]:
@@ -199,9 +195,7 @@ class DecodeSweep(Series[Profile]):
         """The context (keys a new token attends to, itself included) where the measured core reaches
         the measured FFN: ``ffn / β``; compare :func:`pytest_attncost.formulas.decode_crossover_n`."""
         beta = self.slope
-        if beta is None or beta <= 0:
-            return None
-        return Fraction(self[0].ffn) / beta
+        return Fraction(self[0].ffn) / beta if beta is not None and beta > 0 else None
 
     def formula_crossover(self) -> Fraction | None:
         spec = self[0].spec
