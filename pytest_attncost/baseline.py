@@ -31,14 +31,12 @@ __all__ = ["BaselineError", "Regression", "Saved", "compare", "entry_key", "is_b
 MAX_BYTES = 64 * 1024 * 1024
 _REQUIRED = {"test_id": str, "name": str, "n": int, "batch": int, **{p: int for p in GATED_PARTS}}
 
-Key = RowKey
-
 
 class BaselineError(ValueError):
     """A baseline file that cannot be used; the message names the file and the fix."""
 
 
-def entry_key(entry: Mapping[str, Any]) -> Key:
+def entry_key(entry: Mapping[str, Any]) -> RowKey:
     """A baseline entry's key: the identity of the row it was saved from (:func:`reporting.row_key`)."""
     return row_key(entry["test_id"], entry)
 
@@ -67,7 +65,7 @@ def _check_entry(row: Any, where: str, fix: str) -> None:
         raise BaselineError(f"{where} has m={m!r}, which no second sequence can be; {fix}")
 
 
-def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
+def load(path: Path) -> tuple[dict[RowKey, dict[str, Any]], dict[str, str]]:
     """Read and validate a baseline: (entries by key, versions that produced it).
 
     Raises:
@@ -98,15 +96,14 @@ def load(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, str]]:
     if not isinstance(document, dict) or "profiles" not in document or "schema" not in document:
         raise BaselineError(f"baseline {path} is not an attncost baseline (no 'schema' and 'profiles'); {fix}")
     if type(document["schema"]) is not int or document["schema"] != SCHEMA:  # not true, not 1.0
-        raise BaselineError(
-            f"baseline {path} has schema {document['schema']!r}; this pytest-attncost reads schema {SCHEMA}; {fix}"
-        )
+        raise BaselineError(f"baseline {path} has schema {document['schema']!r}; this pytest-attncost reads schema "
+                            f"{SCHEMA}; {fix}")
     if document.get("unit") != "MAC":
         raise BaselineError(f"baseline {path} counts in {document.get('unit')!r}, not 'MAC'; {fix}")
     profiles = document["profiles"]
     if not isinstance(profiles, list):
         raise BaselineError(f"baseline {path}: 'profiles' must be a list; {fix}")
-    entries: dict[Key, dict[str, Any]] = {}
+    entries: dict[RowKey, dict[str, Any]] = {}
     for index, row in enumerate(profiles):
         _check_entry(row, f"baseline {path}: profile #{index}", fix)
         key = entry_key(row)
@@ -230,9 +227,8 @@ class Prune:
                                   for p in self.ignored)
 
 
-def merge(
-    existing: Mapping[Key, Mapping[str, Any]], rows: Iterable[Mapping[str, Any]], prune: Prune | None
-) -> list[dict[str, Any]]:
+def merge(existing: Mapping[RowKey, Mapping[str, Any]], rows: Iterable[Mapping[str, Any]],
+          prune: Prune | None) -> list[dict[str, Any]]:
     """This run's profiles replace their entries; the others stay (unless *prune* drops them)."""
     fresh = {entry_key(row): dict(row) for row in rows}
     merged = {**{key: dict(value) for key, value in existing.items()}, **fresh}
@@ -302,26 +298,16 @@ def save(path: Path, rows: Iterable[Row], prune: Prune | None, lock_timeout: flo
          tree: bool = False) -> Saved:
     """Merge this run's profiles into the baseline at *path*, under a file lock, atomically; say what changed.
 
-    Another process saving to the same file waits for the lock (up to *lock_timeout* seconds), and each
-    merges into what the other wrote, so concurrent runs lose nothing. The file is written by
-    :func:`files.write`: a symlink is followed (the link stays a link) unless another user could have
-    planted it, a read-only file is refused, the file keeps its permissions, owner and group, an unchanged
-    baseline is not written at all; temporaries left by killed saves are removed. *tree* keeps each entry's
+    How the lock and the write behave (links, owners, concurrent runs): docs/ci.md. *tree* keeps each entry's
     per-module tree (``by_module``), which is left out by default: the gate compares the parts only.
-
-    The lock, ``.NAME.lock`` beside the file's real path, is opened without following a link (a link there is
-    refused first, with its target named) and removed when the save is done (:func:`files.locked`).
 
     Raises:
         BaselineError: the file is read-only, the lock is a link or cannot be taken in time, or what the file
             holds now cannot be read.
     """
-    problem = files.unwritable(path)
-    if problem is not None:
+    if (problem := files.unwritable(path)) is not None:
         raise BaselineError(f"baseline {problem}")
     target = path.resolve() if path.is_symlink() else path
-    # Beside the file's real path, so that every process that can write the baseline sees it (containers, tox
-    # environments and hosts on a shared file system too).
     lock_path = target.with_name(f".{target.name}.lock")
     problem = files.planted_link(lock_path)
     if problem is None and lock_path.is_symlink():

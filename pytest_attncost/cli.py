@@ -185,15 +185,11 @@ def table(spec: ModelSpec, lengths: Sequence[int], batch: int) -> dict[str, Any]
     memory = footprint.memory_crossovers(spec) is not None
     for n in lengths:
         costs = formulas.layer_costs(spec, n, batch)
-        rows.append({
-            "n": n,
-            **{part: getattr(costs, part) for part in ("attention", *COMPONENTS)},
-            "layer": costs.total,
-            "model": formulas.model_costs(spec, n, batch).total,
-            "attention_share": costs.attention / costs.total if costs.total else 0.0,
-            "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
-            "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch),
-        })
+        rows.append({"n": n, **{part: getattr(costs, part) for part in ("attention", *COMPONENTS)},
+                     "layer": costs.total, "model": formulas.model_costs(spec, n, batch).total,
+                     "attention_share": costs.attention / costs.total if costs.total else 0.0,
+                     "quadratic_share": costs.attention_core / costs.total if costs.total else 0.0,
+                     "linear_attention_saving": formulas.linear_attention_saving(spec, n, batch)})
         if memory:  # what a training layer keeps: fp32, CPU's float dropout masks
             rows[-1]["activation_bytes"] = footprint.activation_bytes(spec, n, batch)
     return {"spec": spec.to_dict(), "batch": batch, "unit": "MAC", "rows": rows,
@@ -216,17 +212,11 @@ def decode_table(spec: ModelSpec, lengths: Sequence[int], batch: int = 1, bytes_
         proj = formulas.decode_attention_proj(spec, 1, batch)
         ffn = formulas.decode_ffn(spec, 1, batch)
         whole = core + proj + ffn
-        rows.append({
-            "n": n,
-            "attention_core": core,
-            "attention_proj": proj,
-            "ffn": ffn,
-            "attention": core + proj,
-            "attention_share": (core + proj) / whole if whole else 0.0,
-            "core_share": core / whole if whole else 0.0,
-            "model": formulas.decode_costs(spec, n, 1, batch).total,
-            "kv_cache_bytes": formulas.kv_cache_bytes(spec, n, batch, bytes_per_element),
-        })
+        rows.append({"n": n, "attention_core": core, "attention_proj": proj, "ffn": ffn, "attention": core + proj,
+                     "attention_share": (core + proj) / whole if whole else 0.0,
+                     "core_share": core / whole if whole else 0.0,
+                     "model": formulas.decode_costs(spec, n, 1, batch).total,
+                     "kv_cache_bytes": formulas.kv_cache_bytes(spec, n, batch, bytes_per_element)})
     return {"attention_n": as_float(formulas.decode_attention_n(spec)), "batch": batch,
             "bytes_per_element": bytes_per_element, "unit": "MAC", "rows": rows,
             **_thresholds(spec, formulas.decode_crossover_n(spec), formulas.decode_quadratic_n(spec))}
@@ -301,8 +291,7 @@ def render(data: dict[str, Any], name: str) -> str:
     lines += text_table(headers, body, right=range(len(headers)), rule=False)
     lines.append(_threshold(data["crossover_n"], 2, hd, "attention overtakes the FFN"))
     lines.append(_threshold(data["quadratic_n"], 6, hd, "the quadratic term dominates the layer"))
-    memory = data.get("memory_crossover_n")
-    if memory is not None:
+    if (memory := data.get("memory_crossover_n")) is not None:
         d = spec["head_dim"]
         lines.append(f"in training memory, the n×n activations pass the rest of a layer's at n = {memory['fp32']:,.0f}"
                      f" = {memory['fp32'] / d:.3g}d (fp32, float dropout masks: d·(16p + 2m)/(2p + m)), "
@@ -576,8 +565,7 @@ def _profile(argv: Sequence[str]) -> int:
              *text_table(headers, body, right=range(len(headers)), rule=False),
              "attn share is attention / (attention + FFN); deviation is the largest relative difference "
              "from the formula"]
-    warned = [f"  n={r.profile.n}: {w}" for r in rows for w in r.profile.warnings]
-    if warned:
+    if warned := [f"  n={r.profile.n}: {w}" for r in rows for w in r.profile.warnings]:
         lines += ["warnings (these numbers may be wrong):", *warned]
     _print("\n".join(lines))
     return 0
@@ -620,9 +608,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          for c in rows] for n, rows in counted.items()}
         body = [[f"{n:,}", c.name, f"{c.macs:,}", f"{c.relative:+.1%}", "; ".join(term for term, _ in c.differs)]
                 for n, rows in counted.items() for c in rows]
-        headers = ["n", "convention", "MAC", "vs exact", "differs by"]
         texts.append("\n".join(["published conventions (forward MACs; vs the exact count of the layers):",
-                                 *text_table(headers, body, right=[0, 2, 3])]))
+                                 *text_table(["n", "convention", "MAC", "vs exact", "differs by"], body,
+                                             right=[0, 2, 3])]))
     if args.json:
         text = json.dumps({"name": args.preset or "custom", **data, **extra}, indent=2, sort_keys=True)
     else:

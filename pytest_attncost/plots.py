@@ -69,11 +69,8 @@ def _write_figure(figure: Any, path: Path, fmt: str) -> None:
 
 
 def count_ticks(ax: Any) -> None:
-    """Counts on the y axis with the report's decimal prefixes (``40G``, ``1.5T``): no ``1e8`` offset.
-
-    The values plotted are already in the report's unit (the axis label names it), so they are
-    prefixed as they are.
-    """
+    """Counts on the y axis with the report's decimal prefixes (``40G``, ``1.5T``): no ``1e8`` offset; the values
+    are already in the report's unit, so they are prefixed as they are."""
     from matplotlib.ticker import FuncFormatter
 
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: format_count(
@@ -123,14 +120,10 @@ def plot_sweep(data: Mapping[str, Any], directory: Path, stem: str, unit: str = 
     def shares(ax: Any) -> None:
         ax.plot(ns, [r["attention_share"] for r in rows], marker="o", label="attention share")
         ax.plot(ns, [r["quadratic_share"] for r in rows], marker="s", label="quadratic share")
-        for key, label, style in (
-            ("formula_crossover_n", "attention = FFN (formula)", "--"),
-            ("formula_quadratic_n", "quadratic = linear terms (formula)", "-."),
-        ):
-            value = data.get(key)
-            if value:
-                ax.axvline(value, color="black", linestyle=style, linewidth=1,
-                           label=f"{label}: n={value:,.0f}")
+        for key, label, style in (("formula_crossover_n", "attention = FFN (formula)", "--"),
+                                  ("formula_quadratic_n", "quadratic = linear terms (formula)", "-.")):
+            if value := data.get(key):
+                ax.axvline(value, color="black", linestyle=style, linewidth=1, label=f"{label}: n={value:,.0f}")
         if data.get("crossover_n"):
             ax.plot([data["crossover_n"]], [0.5], marker="x", color="red", linestyle="none",
                     label=f"measured crossover: n={data['crossover_n']:,.0f}")
@@ -155,12 +148,10 @@ def plot_time_shares(data: Mapping[str, Any], directory: Path, stem: str) -> lis
     def draw(ax: Any) -> None:
         ax.plot(ns, [r["attention_mac_share"] for r in rows], marker="o", label="attention share of MACs")
         ax.plot(ns, [r["attention_time_share"] for r in rows], marker="s", label="attention share of time")
-        formula = data.get("formula_crossover_n")
-        if formula:
+        if formula := data.get("formula_crossover_n"):
             ax.axvline(formula, color="black", linestyle="--", linewidth=1,
                        label=f"attention = FFN in MACs (formula): n={formula:,.0f}")
-        measured = data.get("time_crossover_n")
-        if measured:
+        if measured := data.get("time_crossover_n"):
             ax.axvline(measured, color="red", linestyle="-.", linewidth=1,
                        label=f"attention = FFN in time (measured): n={measured:,.0f}")
 
@@ -180,11 +171,10 @@ def plot_decode(spec: ModelSpec, ns: Any, path: Any, new_tokens: int = 1, batch:
 
     lengths = sorted(ns)
     steps = [formulas.decode_costs(spec, n, new_tokens, batch) for n in lengths]
-    per_token = new_tokens * batch
     figure = Figure(figsize=(7, 4))
     ax = figure.add_subplot()
     for part, label in (("attention_core", "core"), ("attention_proj", "projections"), ("ffn", "FFN")):
-        ax.plot(lengths, [getattr(s, part) / per_token for s in steps], marker="o", label=label)
+        ax.plot(lengths, [getattr(s, part) / (new_tokens * batch) for s in steps], marker="o", label=label)
     cross = formulas.decode_crossover_n(spec)
     if cross is not None:
         ax.axvline(float(cross), color="grey", linestyle="--", label=f"core = FFN at {float(cross):,.0f}")

@@ -94,9 +94,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _argnames(mark: Any) -> list[str]:
     names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
-    if isinstance(names, str):
-        return [name.strip() for name in names.split(",")]
-    return list(names)
+    return [name.strip() for name in names.split(",")] if isinstance(names, str) else list(names)
 
 
 #: Why a list of lengths could not become one item per length, by what holds the list.
@@ -241,12 +239,8 @@ class AttncostFixture:
         return result
 
     def _marked(self, n: int | None, **call: Any) -> tuple[int | None, dict[str, Any]]:
-        """*n* and the *call*'s keywords, with the marker's where the test gave none (n, batch, m, mode and its
-        decode step) and the backend of ``--attncost-backend`` / ``attncost_backend``.
-
-        The marker's n and batch hold for explicit tensors too: profile() then checks that the inputs agree,
-        instead of the test silently passing at another length.
-        """
+        """*n* and the *call*'s keywords, the marker's (and ``--attncost-backend``'s) where the test gave none;
+        they hold for explicit tensors too: profile() then checks that the inputs agree."""
         bounds = self._bounds
         for key in ("batch", "m", "mode"):
             if key in call and call[key] is None and bounds is not None:
@@ -275,10 +269,8 @@ def attncost(request: pytest.FixtureRequest, attncost_n: int | None) -> Attncost
 
 
 def _checked_unittest_method(item: pytest.Item) -> Any:
-    """unittest runs the method inside its own result logic: check there, so expectedFailure applies.
-
-    pytest hands unittest ``item.obj`` as the method to run; the checks go around it.
-    """
+    """unittest runs the method inside its own result logic: check there (around ``item.obj``, the method pytest
+    hands unittest), so expectedFailure applies."""
     if getattr(item, "_testcase", None) is None:
         return None
     method = item.obj  # type: ignore[attr-defined]

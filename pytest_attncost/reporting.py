@@ -1,11 +1,6 @@
 """The attncost report: one typed :class:`Row` per profile, one table formatter, shared sections.
 
-A :class:`Row` is a :class:`~pytest_attncost.result.Profile` as one test saw it: the test id,
-the verdict and problems of its checks, its outcome, the baseline cell, the cross-check and
-measured time. It becomes a dict only where it crosses a process or a file
-(:meth:`Row.to_dict`, :meth:`Row.from_dict`: xdist, ``--junitxml``, JSON, baselines).
-The terminal and Markdown reports render the same :func:`sections`, so neither can lack
-what the other shows. Renderers never see the pytest config: each is a plain function.
+How rows travel and why every format renders the same sections: docs/reports.md, "How a report is built".
 """
 
 from __future__ import annotations
@@ -95,11 +90,8 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``Profile.to_dict()`` plus the row's own keys (absent ones left out)."""
-        data = self.profile.to_dict()
-        data["test_id"] = self.test_id
-        data["skipped_matmul_ops"] = self.profile.skipped_matmul_ops
-        data["problems"] = list(self.problems)
-        data["verdict"] = self.verdict
+        data = {**self.profile.to_dict(), "test_id": self.test_id, "problems": list(self.problems),
+                "skipped_matmul_ops": self.profile.skipped_matmul_ops, "verdict": self.verdict}
         for name in _OPTIONAL:
             value = getattr(self, name)
             if value is not None:
@@ -141,9 +133,7 @@ class SweepRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``Sweep.to_dict()`` (its profiles included) plus the test id, problems and plots."""
-        data = self.sweep.to_dict()
-        data["test_id"] = self.test_id
-        data["problems"] = list(self.problems)
+        data = {**self.sweep.to_dict(), "test_id": self.test_id, "problems": list(self.problems)}
         if self.plots:
             data["plots"] = list(self.plots)
         return data
@@ -153,9 +143,6 @@ class SweepRow:
         """Inverse of :meth:`to_dict`: the profiles are read back and the thresholds solved again, exactly."""
         return cls(test_id=str(data["test_id"]), sweep=Sweep([Profile.from_dict(p) for p in data["profiles"]]),
                    problems=tuple(data.get("problems") or ()), plots=tuple(data.get("plots") or ()))
-
-    def replace(self, **changes: Any) -> SweepRow:
-        return dataclasses.replace(self, **changes)
 
 
 _COLUMNS = (
@@ -269,11 +256,8 @@ def unsupported_lines(rows: Sequence[Row]) -> list[str]:
         text = ", ".join(f"{op.removeprefix('aten::')} x{count}" + (" (MATMUL, not counted!)" if op in skipped else "")
                          for op, count in sorted(ops.items()))
         groups.setdefault((row.profile.name, text), []).append(f"{row.test_id} n={row.profile.n}")
-    lines = []
-    for (name, text), where in groups.items():
-        shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
-        lines.append(f"{name} [{shown}]: {text}")
-    return lines
+    return [f"{name} [{', '.join(where[:3])}" + (f" and {len(where) - 3} more" if len(where) > 3 else "") + f"]: {text}"
+            for (name, text), where in groups.items()]
 
 
 def time_lines(rows: Sequence[Row]) -> list[str]:
@@ -315,9 +299,8 @@ def crosscheck_lines(rows: Sequence[Row]) -> list[str]:
             lines.append(f"{head}: {cross['error']}")
             continue
         first, second = cross["backends"]
-        a, b = cross[first], cross[second]
         lines.append(f"{head}: {'agree' if cross['agree'] else 'DISAGREE'}; "
-                     f"other {first} {a['other']:,} vs {second} {b['other']:,} MAC")
+                     f"other {first} {cross[first]['other']:,} vs {second} {cross[second]['other']:,} MAC")
     return lines
 
 
@@ -336,11 +319,9 @@ def sweep_lines(sweeps: Sequence[SweepRow]) -> list[str]:
         except SweepError as exc:
             lines.append(f"{head}: {exc}")
             continue
-        lines.append(
-            f"{head}: attention = FFN at n={_tokens(crossover)} (formula {_tokens(sweep.formula_crossover())}); "
-            f"quadratic term = linear terms at n={_tokens(quadratic)} "
-            f"(formula {_tokens(sweep.formula_quadratic_crossover())})"
-        )
+        lines.append(f"{head}: attention = FFN at n={_tokens(crossover)} (formula "
+                     f"{_tokens(sweep.formula_crossover())}); quadratic term = linear terms at n={_tokens(quadratic)} "
+                     f"(formula {_tokens(sweep.formula_quadratic_crossover())})")
     return lines
 
 
@@ -389,13 +370,6 @@ def _short_ids(ids: Sequence[str]) -> list[str]:
     return [i[len(common) + 1 :] for i in ids] if common else list(ids)
 
 
-def _middle_cut(text: str, width: int) -> str:
-    if len(text) <= width:
-        return text
-    keep = width - 1
-    return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2) :]
-
-
 def _end_cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
@@ -419,7 +393,10 @@ def _cut_name(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     ends = [i for i in range(width // 2, width) if not text[i].isalnum() or text[i].isupper() and text[i - 1].islower()]
-    return text[: ends[-1]].rstrip(" -_.(/[") + "…" if ends else _middle_cut(text, width)
+    if ends:
+        return text[: ends[-1]].rstrip(" -_.(/[") + "…"
+    keep = width - 1
+    return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2) :]
 
 
 def _fit(headers: list[str], body: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
@@ -480,14 +457,9 @@ def render_terminal(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Swe
     With a *width*, the table keeps its essential columns and shortened test ids so that every
     line fits, and long lines wrap with indentation; ``full=True`` keeps every column.
     """
-    return [wrapped for line in _render_terminal(rows, unit, sweeps, width, full) for wrapped in _wrap(line, width)]
-
-
-def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[SweepRow], width: int | None,
-                     full: bool) -> list[str]:
     rows = sort_rows(rows)
     if not rows:
-        return ["no profiles were made in this session"]
+        return _wrap("no profiles were made in this session", width)
     headers, body = _table(rows, unit)
     if not full:
         for cells, short in zip(body, _short_ids([r.test_id for r in rows])):
@@ -503,11 +475,7 @@ def _render_terminal(rows: Sequence[Row], unit: str, sweeps: Sequence[SweepRow],
         plotted = [path for paths in section.images.values() for path in paths]
         if plotted:
             lines.append(f"  plots: {len(plotted)} PNG (and SVG) in {Path(plotted[0]).parent}")
-    return lines
-
-
-def _markdown_cell(text: str) -> str:
-    return markdown_text(text).replace("|", "\\|")
+    return [wrapped for line in lines for wrapped in _wrap(line, width)]
 
 
 def markdown_text(text: str) -> str:
@@ -553,10 +521,9 @@ def render_markdown(rows: Sequence[Row], unit: str = "mac", sweeps: Sequence[Swe
         return "\n".join([*out, "No profiles were made in this session.", ""])
     headers, body = _table(rows, unit)
     out.append("| " + " | ".join(headers) + " |")
-    last = len(headers) - 1
-    out.append("|" + "|".join("---" if i in (0, 1, last) else "---:" for i in range(len(headers))) + "|")
-    out += ["| " + " | ".join([markdown_code(cells[0], cell=True), *map(_markdown_cell, cells[1:])]) + " |"
-            for cells in body]
+    out.append("|" + "|".join("---" if i in (0, 1, len(headers) - 1) else "---:" for i in range(len(headers))) + "|")
+    out += ["| " + " | ".join([markdown_code(cells[0], cell=True),
+                               *(markdown_text(c).replace("|", "\\|") for c in cells[1:])]) + " |" for cells in body]
     out += ["", f"Counts in {unit.upper()} (1 MAC = 2 FLOP), decimal prefixes (G = 10⁹); shares are of attention "
                 "+ FFN; deviation is the largest relative difference from the formula."]
     # test ids in code spans, as in the table: ids such as test_x[<lambda>] or a__b__c stay as written

@@ -1,16 +1,8 @@
 """Series: one model counted (or timed) at several lengths, and the thresholds solved from them.
 
-A Transformer's counts are polynomials in n: the attention core ``α·n + β·n²``
-(β = 0 for linear attention), the projections ``π·n`` and the FFN ``φ·n``. Two
-lengths determine the coefficients exactly; every further length must fit them.
-The thresholds are then solved in exact rational arithmetic, not interpolated
-between grid points:
-
-* crossover (attention = FFN): ``(α + π) + β·n = φ``, so ``n = (φ - α - π) / β``;
-* quadratic crossover (the quadratic term = the linear terms): ``β·n = α + π + φ``.
-
-A decode step's core is ``β·(n + q)`` in the cache length (:class:`DecodeSweep`); measured time
-has no such form and is interpolated (:class:`TimingSweep`). All three are sequences ordered by n.
+Counts are polynomials in n, so two lengths fix the coefficients and the thresholds are solved exactly
+(docs/sweeps.md, "Thresholds from the counts"): crossover ``n = (φ - α - π) / β``, quadratic ``β·n = α + π + φ``.
+A decode step's core is ``β·(n + q)`` (:class:`DecodeSweep`); measured time is interpolated (:class:`TimingSweep`).
 """
 
 from __future__ import annotations
@@ -44,15 +36,11 @@ class Coefficients:
     def crossover(self) -> Fraction | None:
         """Where attention equals the FFN; None if it never does for n > 0."""
         gap = self.phi - self.alpha - self.pi
-        if self.beta <= 0 or gap <= 0:
-            return None
-        return gap / self.beta
+        return gap / self.beta if self.beta > 0 and gap > 0 else None
 
     def quadratic_crossover(self) -> Fraction | None:
         """Where the quadratic term equals all linear terms; None without a quadratic term."""
-        if self.beta <= 0:
-            return None
-        return (self.alpha + self.pi + self.phi) / self.beta
+        return (self.alpha + self.pi + self.phi) / self.beta if self.beta > 0 else None
 
 
 def _linear_fit(points: Sequence[tuple[int, int]], what: str) -> tuple[Fraction, Fraction]:
@@ -63,10 +51,8 @@ def _linear_fit(points: Sequence[tuple[int, int]], what: str) -> tuple[Fraction,
     c1 = Fraction(v1, n1) - c2 * n1
     for n, value in points:
         if c1 * n + c2 * n * n != value:
-            raise SweepError(
-                f"{what} is not of the form a·n + b·n² across the sweep (n={n}: {value:,} MAC, "
-                f"fit predicts {float(c1 * n + c2 * n * n):,.0f})"
-            )
+            raise SweepError(f"{what} is not of the form a·n + b·n² across the sweep (n={n}: {value:,} MAC, "
+                             f"fit predicts {float(c1 * n + c2 * n * n):,.0f})")
     return c1, c2
 
 
@@ -181,16 +167,10 @@ class Sweep(Series[Profile]):
             crossover, quadratic, error = self.crossover(), self.quadratic_crossover(), None
         except SweepError as exc:
             crossover, quadratic, error = None, None, str(exc)
-        return {
-            "name": self.name,
-            "lengths": self.lengths,
-            "crossover_n": as_float(crossover),
-            "quadratic_crossover_n": as_float(quadratic),
-            "formula_crossover_n": as_float(self.formula_crossover()),
-            "formula_quadratic_n": as_float(self.formula_quadratic_crossover()),
-            "error": error,
-            "profiles": [p.to_dict() for p in self._items],
-        }
+        return {"name": self.name, "lengths": self.lengths, "crossover_n": as_float(crossover),
+                "quadratic_crossover_n": as_float(quadratic), "formula_crossover_n": as_float(self.formula_crossover()),
+                "formula_quadratic_n": as_float(self.formula_quadratic_crossover()), "error": error,
+                "profiles": [p.to_dict() for p in self._items]}
 
 
 class DecodeSweep(Series[Profile]):
@@ -207,19 +187,15 @@ class DecodeSweep(Series[Profile]):
         first, last = self[0], self[-1]
         q = first.new_tokens or 1
         beta = Fraction(last.attention_core - first.attention_core, last.n - first.n)
-        for p in self:
-            if (p.attention_core != beta * (p.n + q) or p.ffn != first.ffn
-                    or p.attention_proj != first.attention_proj):
-                return None
-        return beta
+        fits = all(p.attention_core == beta * (p.n + q) and p.ffn == first.ffn
+                   and p.attention_proj == first.attention_proj for p in self)
+        return beta if fits else None
 
     def crossover(self) -> Fraction | None:
         """The context (keys a new token attends to, itself included) where the measured core reaches
         the measured FFN: ``ffn / β``; compare :func:`pytest_attncost.formulas.decode_crossover_n`."""
         beta = self.slope
-        if beta is None or beta <= 0:
-            return None
-        return Fraction(self[0].ffn) / beta
+        return Fraction(self[0].ffn) / beta if beta is not None and beta > 0 else None
 
     def formula_crossover(self) -> Fraction | None:
         spec = self[0].spec
@@ -261,11 +237,6 @@ class TimingSweep(Series[Timing]):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: every timing, the measured time crossover, and the formula's."""
-        return {
-            "name": self.name,
-            "lengths": self.lengths,
-            "time_crossover_n": self.crossover(),
-            "mac_crossover_n": self.mac_crossover(),
-            "formula_crossover_n": self.formula_crossover(),
-            "timings": [t.to_dict() for t in self._items],
-        }
+        return {"name": self.name, "lengths": self.lengths, "time_crossover_n": self.crossover(),
+                "mac_crossover_n": self.mac_crossover(), "formula_crossover_n": self.formula_crossover(),
+                "timings": [t.to_dict() for t in self._items]}

@@ -1,9 +1,7 @@
 """The session side: stash keys, marker reading, checks that make rows, baselines, xdist, files.
 
-Everything here runs inside a pytest session but holds no hook of the test protocol itself
-(those are in :mod:`pytest_attncost.plugin`). Profiles travel as typed
-:class:`~pytest_attncost.reporting.Row` objects; they become JSON only in ``user_properties``
-(xdist ships them, ``--junitxml`` shows them) and in the files written at the end.
+The test protocol's hooks are in :mod:`pytest_attncost.plugin`; how rows travel: docs/reports.md, "How a report
+is built".
 """
 
 from __future__ import annotations
@@ -98,10 +96,7 @@ def is_worker(config: pytest.Config) -> bool:
 
 def parse_marker(node: Any) -> Bounds | None:
     marks = list(node.iter_markers("attncost"))
-    if not marks:
-        return None
-    args, kwargs = merged_kwargs(marks)
-    return parse_marker_kwargs(args, kwargs)
+    return parse_marker_kwargs(*merged_kwargs(marks)) if marks else None
 
 
 def current_bounds(item: pytest.Item) -> Bounds | None:
@@ -160,10 +155,9 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
                 regressions, vs_baseline = compare(entry, result, allowed)
                 found += [str(r) for r in regressions]
         checked = (bounds is not None and bounds.has_bounds) or vs_baseline not in (None, "new")
-        timing = timings.get(id(result))
+        timing = timings[id(result)].to_dict() if id(result) in timings else None
         rows.append(Row(item.nodeid, result, tuple(found), "FAIL" if found else ("ok" if checked else "-"),
-                        vs_baseline=vs_baseline, crosscheck=crosscheck,
-                        timing=timing.to_dict() if timing is not None else None))
+                        vs_baseline=vs_baseline, crosscheck=crosscheck, timing=timing))
         prefix = f"{result.name}: " if len(profiles) > 1 else ""
         problems += [prefix + p for p in found]
     if any(row.vs_baseline not in (None, "new") and any("over the baseline" in p for p in row.problems)
@@ -209,9 +203,8 @@ def failure_text(problems: list[str]) -> str:
     if problems == [NO_PROFILE]:
         return f"@pytest.mark.attncost: {NO_PROFILE}"
     headline = f"attncost: {problems[0]}"
-    if len(problems) == 1:
-        return headline
-    return "\n".join([headline, f"{CHECKS_FAILED} ({len(problems)}):", *(f"  {p}" for p in problems)])
+    return headline if len(problems) == 1 else "\n".join([headline, f"{CHECKS_FAILED} ({len(problems)}):",
+                                                          *(f"  {p}" for p in problems)])
 
 
 def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
@@ -231,8 +224,7 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
     if PROFILES_KEY in item.stash or bounds is not None:
         rows, problems = rows_for(item, item.config.stash[SETTINGS_KEY])
         if bounds is not None and body_passed:
-            wanted = {key: getattr(bounds, key) for key in TIME_BOUNDS}
-            timed = check_time_bounds(item.stash.get(TIMINGS_KEY, []), wanted)
+            timed = check_time_bounds(item.stash.get(TIMINGS_KEY, []), {k: getattr(bounds, k) for k in TIME_BOUNDS})
             timed += check_mfu(item.stash.get(TIMINGS_KEY, []), bounds.mfu_min, bounds.peak)
             problems += timed
             if timed:
@@ -251,8 +243,7 @@ def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
         properties += [(USER_PROPERTY, json.dumps(row.to_dict(), sort_keys=True, allow_nan=False)) for row in rows]
         properties += [(SWEEP_PROPERTY, json.dumps(SweepRow(item.nodeid, made, tuple(found)).to_dict(),
                                                    sort_keys=True, allow_nan=False)) for made, found in judged]
-    item.stash[PROPERTIES_KEY] = properties
-    item.stash[CHECKED_KEY] = problems
+    item.stash[PROPERTIES_KEY], item.stash[CHECKED_KEY] = properties, problems
     return problems
 
 
@@ -435,20 +426,13 @@ class AttncostSession:
         return sorted(key for key in compared if key not in seen)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """End of the run, before the summary: save the baseline, write the report files (controller only).
-
-        The baseline comes first; then the plots (the Markdown report links them), the JSON and
-        Markdown reports and the step summary. A file that cannot be written, or a plot matplotlib
-        cannot draw, is reported (and fails the run) without costing the others. Ctrl-C while one is
-        written ends the session as pytest's interrupted one (exit 2): that file keeps its old content or
-        holds the new one whole, and the others are written.
-        """
+        """End of the run, before the summary: save the baseline, write the report files (controller only), in
+        the order and with the failure handling of docs/reports.md, "Options"; Ctrl-C while one is written ends
+        the session as interrupted (exit 2) once the others are written."""
         if is_worker(self.config) or self.settings.disabled:
             return
         self.session = session
-        rows = self.final_rows()
-        sweeps = self.final_sweeps()
-        unit = self.settings.unit
+        rows, sweeps, unit = self.final_rows(), self.final_sweeps(), self.settings.unit
         if self.settings.save_path is not None:
             self._save(session, rows)
         if self.settings.compare_strict and self.missing() and session.exitstatus == pytest.ExitCode.OK:
@@ -499,7 +483,7 @@ class AttncostSession:
         stems = plots.stems_for([(row.test_id, row.sweep.name) for row in sweeps])
         for index, (row, stem) in enumerate(zip(sweeps, stems)):
             paths = plots.plot_sweep(row.to_dict(), self.settings.plot_dir, stem, unit)
-            sweeps[index] = row.replace(plots=tuple(str(path) for path in paths))
+            sweeps[index] = dataclasses.replace(row, plots=tuple(str(path) for path in paths))
             if id(row) in where:  # the terminal summary, later, names the plots too
                 self.sweeps[where[id(row)]] = sweeps[index]
 
