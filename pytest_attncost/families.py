@@ -84,15 +84,11 @@ def _moe_fields(config: Any, layers: int, heads_hidden: int) -> dict[str, Any]:
 
 
 def spec_from_config(config: Any) -> ModelSpec:
-    """Read the cost-model shape from a transformers config (or any object with such fields).
-
-    Covers the fields transformers uses across families (``hidden_size``/``d_model``/
-    ``n_embd``/``dim``, grouped-query heads, explicit head sizes, gated FFNs, mixtures of
-    experts with shared experts and dense layers).
+    """Read the cost-model shape from a transformers config (or any object with such fields, as each family names them).
 
     Raises:
-        ValueError: the config describes something the cost model does not cover (two
-            towers, per-stage widths, latent attention), or lacks a field; the message says why.
+        ValueError: the config describes something the cost model does not cover (two towers, per-stage widths,
+            latent attention), or lacks a field; the message says why.
     """
     name = type(config).__name__
     if getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None) is not None:
@@ -138,12 +134,9 @@ def spec_from_config(config: Any) -> ModelSpec:
 
 
 def gated_by_structure(layer: nn.Module, attention: Sequence[nn.Module], spec: ModelSpec) -> bool | None:
-    """Whether the layer's FFN is gated, read from its weights' shapes (None: they do not tell).
-
-    One module outside the attention holding, among its own Linear-like weights (or its stacked 3-D
-    expert weights), three ``D x f`` matrices or a fused ``D x 2f`` beside a ``D x f`` is gated
-    (gate, up, down); two ``D x f`` and no fused one is not. ``f`` is the spec's FFN or expert width.
-    """
+    """Whether the layer's FFN is gated, read from its weights' shapes (None: they do not tell): one module outside
+    the attention holding three ``D x f`` matrices (or stacked expert weights), or a fused ``D x 2f`` beside a
+    ``D x f``, is gated; two ``D x f`` and no fused one is not (``f``: the spec's FFN or expert width)."""
     inside = {id(m) for a in attention for m in a.modules()}
     widths = [w for w in (spec.ffn_dim, spec.expert_ffn_dim) if w]
     for module in layer.modules():
@@ -183,9 +176,7 @@ def spec_of(model: nn.Module) -> tuple[ModelSpec | None, str | None]:
         ), None
     if isinstance(model, (nn.TransformerEncoder, nn.TransformerDecoder)):
         first, why = spec_of(model.layers[0])
-        if first is None:
-            return None, why
-        return dataclasses.replace(first, layers=len(model.layers)), None
+        return (None, why) if first is None else (dataclasses.replace(first, layers=len(model.layers)), None)
     return None, None
 
 
@@ -217,12 +208,8 @@ ONE_SEQUENCE = ("m= is the length of a second sequence, and {model} reads one (a
 
 def default_inputs(model: nn.Module, n: int | None, batch: int, m: int | None = None
                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs for known model kinds, built on the meta device (no memory, no values).
-
-    Vision models take an image of the config's size, video models a clip of the config's
-    frames (n is then what the attention saw: patches, plus CLS, distillation or register
-    tokens); every other kind needs *n*. A model that reads two sequences gets the second at *m*
-    (default *n*): an encoder-decoder's target, a decoder's memory.
+    """Inputs for known model kinds, on the meta device: vision models an image of the config's size (video: a clip
+    of its frames), every other kind needs *n*; a second sequence (a target, a memory) at *m*, default *n*.
 
     Raises:
         ProfileError: *n* is missing, or the model's inputs cannot be guessed.
@@ -377,11 +364,8 @@ def traceable() -> Iterator[None]:
 
 
 def experts_of(model: nn.Module) -> dict[str, int]:
-    """Modules holding mixture-of-experts weights -> number of experts.
-
-    A module with ``num_experts`` and stacked expert weights (a 3-D parameter ``[E, ., .]``,
-    transformers 5), or a ``ModuleList`` / ``ModuleDict`` named ``experts``.
-    """
+    """Modules holding mixture-of-experts weights -> number of experts: a module with ``num_experts`` and stacked
+    expert weights (a 3-D parameter ``[E, ., .]``, transformers 5), or a ``ModuleList`` / ``ModuleDict`` ``experts``."""
     found: dict[str, int] = {}
     for name, module in model.named_modules():
         count = getattr(module, "num_experts", None)
@@ -412,11 +396,8 @@ def _forward_params(model: nn.Module) -> Mapping[str, Any]:
 
 def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
                   dtype: torch.dtype | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The inputs of one decode step of a transformers decoder, on the meta device.
-
-    A ``DynamicCache`` built from the model's config (sliding-window layers where the config
-    has them), filled with ``n`` tokens of keys and values ``[batch, g, n, d]`` through its own
-    ``update``; ``new_tokens`` token ids; positions ``n .. n + new_tokens - 1``.
+    """The inputs of one decode step of a transformers decoder, on the meta device: its config's ``DynamicCache``
+    filled with ``n`` tokens ``[batch, g, n, d]`` through its own ``update``, positions ``n .. n + new_tokens - 1``.
 
     Raises:
         ProfileError: not a transformers decoder, or a cache kind the formulas do not describe.

@@ -178,9 +178,8 @@ class Profile:
             return None
         if self.mode == "decode":
             return formulas.decode_costs(self.spec, self.n, self.new_tokens or 1, self.batch)
-        causal = self.causal if self.causal_applied else "full"
-        return formulas.model_costs(self.spec, self.n, self.batch, self.m, causal=causal,
-                                    train=self.mode == "train")
+        return formulas.model_costs(self.spec, self.n, self.batch, self.m, train=self.mode == "train",
+                                    causal=self.causal if self.causal_applied else "full")
 
     @property
     def deviation(self) -> float | None:

@@ -317,10 +317,8 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
             module = layer
         (attention.setdefault(layer, {}) if layer is not None else outside)[module] = None
         groups.append((module, tuple(group)))
-    structure = Structure(
-        layers=structure.layers, attention={layer: tuple(m) for layer, m in attention.items()},
-        members=structure.members, outside=tuple(outside), experts=structure.experts, bare=structure.bare,
-        groups=tuple(groups))
+    structure = dataclasses.replace(structure, attention={layer: tuple(m) for layer, m in attention.items()},
+                                    outside=tuple(outside), groups=tuple(groups))
     outs = {i for p, (module, _) in zip(projections, groups) if module in outside for i in p.out}
     placed = {i for p in projections for i in p.all}
     free = [i for i in flow.params(flow.products) if i not in inside and i not in placed]
@@ -484,13 +482,9 @@ def role_of(scope: str, roles: Mapping[str, str]) -> str | None:
 
 
 def product_part(role: str | None, fused: bool, origin: str, explicit: bool) -> str:
-    """Where a matrix product (or a fused attention op) goes, given its module's role.
-
-    ``attention_core``, ``attention_proj``, ``ffn``, ``other``, or ``unplaced``: a product of two
-    activations in an FFN module, which no rule can place (counted as ``other`` and warned about). With the
-    user's ``roles=`` (*explicit*) a fused attention op is a core wherever it runs and every product in an
-    FFN module is FFN. Used by the split of the user's roles and by measured time.
-    """
+    """Where a matrix product (or a fused attention op) goes, given its module's role: a part, or ``unplaced`` (a
+    product of two activations in an FFN module: counted as other, warned about). With the user's ``roles=``
+    (*explicit*) a fused attention op is a core wherever it runs and every product in an FFN module is FFN."""
     if fused:
         return "attention_core" if role == "attention" or explicit else "other"
     if role == "attention":
