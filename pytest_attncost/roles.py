@@ -51,7 +51,7 @@ def core_scopes(records: Sequence[OpRecord]) -> dict[str, None]:
 
 @dataclass(frozen=True)
 class Projections:
-    """One attention call's projections, found by data flow (see the module docstring)."""
+    """One attention call's projections, found by data flow (docs/split.md)."""
 
     entry: tuple[int, ...]  # results reach the cores' operands
     inner: tuple[int, ...]  # feed only projections (low-rank Q/KV)
@@ -170,7 +170,7 @@ class Structure:
             ``conditioning`` (a product of a layer on the batch's conditioning, not on its tokens: counted as other)
             or ``unplaced`` (a product of two activations in a layer that is no core).
         groups: the attention calls (indices of their cores), and where each runs (its attention module).
-        warnings: what the data flow could not square with itself (see the module docstring).
+        warnings: what the data flow could not square with itself (docs/split.md).
         columns: records split by their columns (a projection reading the attention's result concatenated
             with an MLP's, Flux's ``proj_out``; one computing Q, K, V and an MLP's input) -> ``(part, columns)``:
             its MACs go to the parts in proportion to the columns.
@@ -280,10 +280,8 @@ def _child(module: str, scope: str) -> str:
 
 def find_structure(records: Sequence[OpRecord], containers: Iterable[str], experts: Mapping[str, int] | None = None,
                    outputs: Iterable[Iterable[int]] = ()) -> Structure:
-    """Layers, attention calls, projections and FFNs of a count, by data flow and structure (module docstring).
-
-    *outputs* are, per output of the model, the products whose results reach it (``RawCount.outputs``).
-    """
+    """Layers, attention calls, projections and FFNs of a count, by data flow and structure (docs/split.md);
+    *outputs*: per output of the model, the products whose results reach it (``RawCount.outputs``)."""
     flow = Flow(records)
     boxes = frozenset(containers)
     homes = [_common(records[i].scope for i in group) for group in flow.groups]
@@ -451,7 +449,7 @@ def _outside_ffn(flow: Flow, free: list[int], outs: set[int], outputs: list[froz
 
 def _flow_warnings(flow: Flow, projections: list[Projections], parts: Sequence[str],
                    groups: Sequence[tuple[str, tuple[int, ...]]]) -> list[str]:
-    """The data flow's checks on itself (see the module docstring)."""
+    """The data flow's checks on itself (docs/split.md)."""
     records = flow.records
     found: list[str] = []
     for (module, group), mine in zip(groups, projections):
