@@ -1,10 +1,5 @@
-"""Published FLOP conventions, in MACs for one forward pass, each with the terms in which it differs.
-
-Each convention is a formula people report model FLOPs or MFU with. Here it is evaluated for a
-:class:`~pytest_attncost.formulas.ModelSpec` at ``n`` tokens and set beside the exact count of the layers
-(the plugin's ``causal="full"`` split: attention core, projections and FFN, ``b·n·N + 2·L·b·h·d·n²`` with
-``N`` the layers' matrix parameters a token meets), so that every difference is a named term with its MACs:
-the terms add up to the convention minus the exact count, to the MAC. 1 MAC = 2 FLOP throughout.
+"""Published FLOP conventions, in MACs for one forward pass, each beside the exact count of the layers with the
+named terms it differs by (docs/conventions.md, "Published FLOP conventions"); and auditing a user's formula.
 
 Sources: PaLM (Chowdhery et al. 2022, appendix B: ``6N + 12·L·H·Q·T`` per token for training, so
 ``2N + 4·L·H·Q·T`` forward); Megatron-LM's ``num_floating_point_operations`` as of 2024 (the output head

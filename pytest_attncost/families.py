@@ -1,18 +1,5 @@
-"""What the plugin knows about model families, in one place.
-
-The counting and the role split work from a model's *structure* (see
-:mod:`pytest_attncost.roles`); this module holds the little that cannot be read from
-structure alone:
-
-* the cost-model shape (:class:`ModelSpec`) of a config, or why there is none;
-* default inputs for models that take token ids, images, or torch's ``(n, b, D)`` tensors, and
-  a decode step's inputs: a transformers decoder's own KV cache holding ``n`` tokens;
-* which layers attend locally (sliding windows, GPT-Neo's local layers, Llama-4's chunks);
-* what the meta twin must change to run at all or to count without chance
-  (experts implementations, LayerDrop, patchifying convolutions);
-* which modules hold mixture-of-experts weights.
-
-A new family is one small change here.
+"""What the plugin knows about model families and cannot read from structure: a config's :class:`ModelSpec`,
+default and decode inputs, local attention, what the meta twin must change, mixture-of-experts weights.
 """
 
 from __future__ import annotations
@@ -64,11 +51,7 @@ INPUTS_HINT = ("pass inputs= as a tuple of positional arguments, a dict of keywo
 
 
 def _get(config: Any, *names: str) -> Any:
-    for name in names:
-        value = getattr(config, name, None)
-        if value is not None:
-            return value
-    return None
+    return next((value for name in names if (value := getattr(config, name, None)) is not None), None)
 
 
 def _moe_fields(config: Any, layers: int, heads_hidden: int) -> dict[str, Any]:
@@ -101,15 +84,11 @@ def _moe_fields(config: Any, layers: int, heads_hidden: int) -> dict[str, Any]:
 
 
 def spec_from_config(config: Any) -> ModelSpec:
-    """Read the cost-model shape from a transformers config (or any object with such fields).
-
-    Covers the fields transformers uses across families (``hidden_size``/``d_model``/
-    ``n_embd``/``dim``, grouped-query heads, explicit head sizes, gated FFNs, mixtures of
-    experts with shared experts and dense layers).
+    """Read the cost-model shape from a transformers config (or any object with such fields, as each family names them).
 
     Raises:
-        ValueError: the config describes something the cost model does not cover (two
-            towers, per-stage widths, latent attention), or lacks a field; the message says why.
+        ValueError: the config describes something the cost model does not cover (two towers, per-stage widths,
+            latent attention), or lacks a field; the message says why.
     """
     name = type(config).__name__
     if getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None) is not None:
@@ -155,12 +134,9 @@ def spec_from_config(config: Any) -> ModelSpec:
 
 
 def gated_by_structure(layer: nn.Module, attention: Sequence[nn.Module], spec: ModelSpec) -> bool | None:
-    """Whether the layer's FFN is gated, read from its weights' shapes (None: they do not tell).
-
-    One module outside the attention holding, among its own Linear-like weights (or its stacked 3-D
-    expert weights), three ``D x f`` matrices or a fused ``D x 2f`` beside a ``D x f`` is gated
-    (gate, up, down); two ``D x f`` and no fused one is not. ``f`` is the spec's FFN or expert width.
-    """
+    """Whether the layer's FFN is gated, read from its weights' shapes (None: they do not tell): one module outside
+    the attention holding three ``D x f`` matrices (or stacked expert weights), or a fused ``D x 2f`` beside a
+    ``D x f``, is gated; two ``D x f`` and no fused one is not (``f``: the spec's FFN or expert width)."""
     inside = {id(m) for a in attention for m in a.modules()}
     widths = [w for w in (spec.ffn_dim, spec.expert_ffn_dim) if w]
     for module in layer.modules():
@@ -200,9 +176,7 @@ def spec_of(model: nn.Module) -> tuple[ModelSpec | None, str | None]:
         ), None
     if isinstance(model, (nn.TransformerEncoder, nn.TransformerDecoder)):
         first, why = spec_of(model.layers[0])
-        if first is None:
-            return None, why
-        return dataclasses.replace(first, layers=len(model.layers)), None
+        return (None, why) if first is None else (dataclasses.replace(first, layers=len(model.layers)), None)
     return None, None
 
 
@@ -211,10 +185,7 @@ def spec_of(model: nn.Module) -> tuple[ModelSpec | None, str | None]:
 
 def float_dtype(model: nn.Module) -> torch.dtype:
     """The first floating-point parameter's dtype (float32 for a model without one)."""
-    for tensor in model.parameters():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return torch.float32
+    return next((tensor.dtype for tensor in model.parameters() if tensor.is_floating_point()), torch.float32)
 
 
 def batch_first(model: nn.Module) -> bool:
@@ -237,12 +208,8 @@ ONE_SEQUENCE = ("m= is the length of a second sequence, and {model} reads one (a
 
 def default_inputs(model: nn.Module, n: int | None, batch: int, m: int | None = None
                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs for known model kinds, built on the meta device (no memory, no values).
-
-    Vision models take an image of the config's size, video models a clip of the config's
-    frames (n is then what the attention saw: patches, plus CLS, distillation or register
-    tokens); every other kind needs *n*. A model that reads two sequences gets the second at *m*
-    (default *n*): an encoder-decoder's target, a decoder's memory.
+    """Inputs for known model kinds, on the meta device: vision models an image of the config's size (video: a clip
+    of its frames), every other kind needs *n*; a second sequence (a target, a memory) at *m*, default *n*.
 
     Raises:
         ProfileError: *n* is missing, or the model's inputs cannot be guessed.
@@ -335,14 +302,9 @@ def _dispatches_experts(module: nn.Module) -> bool:
 
 
 def prepare_twin(twin: nn.Module) -> list[str]:
-    """Make the twin countable and deterministic; returns notes on what was changed.
-
-    * Mixture-of-experts layers run ``batched_mm``: the default ``grouped_mm`` meta kernel
-      refuses float32 and ``eager`` reads routing values, which meta tensors do not have.
-      Every implementation runs tokens x top_k rows through one expert's matrices.
-    * LayerDrop and stochastic depth are switched off (they skip whole layers at random in
-      training mode).
-    """
+    """Make the twin countable and deterministic; returns notes on what was changed: experts run ``batched_mm``
+    (``grouped_mm``'s meta kernel refuses float32, ``eager`` reads routing values), LayerDrop and stochastic
+    depth are off (they skip layers at random in training mode)."""
     notes: list[str] = []
     configs: dict[int, Any] = {}
     for module in twin.modules() if experts_of(twin) else ():
@@ -402,11 +364,8 @@ def traceable() -> Iterator[None]:
 
 
 def experts_of(model: nn.Module) -> dict[str, int]:
-    """Modules holding mixture-of-experts weights -> number of experts.
-
-    A module with ``num_experts`` and stacked expert weights (a 3-D parameter ``[E, ., .]``,
-    transformers 5), or a ``ModuleList`` / ``ModuleDict`` named ``experts``.
-    """
+    """Modules holding mixture-of-experts weights -> number of experts: a module with ``num_experts`` and stacked
+    expert weights (a 3-D parameter ``[E, ., .]``, transformers 5), or a ``ModuleList`` / ``ModuleDict`` ``experts``."""
     found: dict[str, int] = {}
     for name, module in model.named_modules():
         count = getattr(module, "num_experts", None)
@@ -420,16 +379,10 @@ def experts_of(model: nn.Module) -> dict[str, int]:
     return found
 
 
-# --- decode steps ------------------------------------------------------------------------------------
-#
-# A decode step runs ``new_tokens`` query tokens against a cache that already holds ``n`` tokens
-# (DECISIONS: "Decode step"). For transformers decoders the cache is the model's own ``DynamicCache``,
-# filled with ``n`` tokens of meta tensors through its ``update`` (so a sliding-window layer keeps what
-# transformers keeps); custom models bring their own cache through ``inputs=``.
+# --- decode steps (docs/decode.md, "A decode step") ---------------------------------------------------
 
-#: Cache layer classes whose behaviour the decode formulas describe.
-_PLAIN_LAYERS = ("DynamicLayer",)
-_SLIDING_LAYERS = ("DynamicSlidingWindowLayer",)
+#: The sliding-window cache layer class; it and ``DynamicLayer`` are what the decode formulas describe.
+_SLIDING_LAYER = "DynamicSlidingWindowLayer"
 DECODE_INPUTS_HINT = ("pass inputs= as a callable (n, batch) -> dict that builds the step's inputs: the new tokens "
                       "and a cache holding n tokens (meta tensors cost nothing)")
 
@@ -443,11 +396,8 @@ def _forward_params(model: nn.Module) -> Mapping[str, Any]:
 
 def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
                   dtype: torch.dtype | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The inputs of one decode step of a transformers decoder, on the meta device.
-
-    A ``DynamicCache`` built from the model's config (sliding-window layers where the config
-    has them), filled with ``n`` tokens of keys and values ``[batch, g, n, d]`` through its own
-    ``update``; ``new_tokens`` token ids; positions ``n .. n + new_tokens - 1``.
+    """The inputs of one decode step of a transformers decoder, on the meta device: its config's ``DynamicCache``
+    filled with ``n`` tokens ``[batch, g, n, d]`` through its own ``update``, positions ``n .. n + new_tokens - 1``.
 
     Raises:
         ProfileError: not a transformers decoder, or a cache kind the formulas do not describe.
@@ -474,7 +424,7 @@ def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
         raise ProfileError(f"cannot build a KV cache for {name} ({type(exc).__name__}: {exc}); "
                           f"{DECODE_INPUTS_HINT}") from exc
     kinds = {type(layer).__name__ for layer in cache.layers}
-    unknown = sorted(kinds - set(_PLAIN_LAYERS) - set(_SLIDING_LAYERS))
+    unknown = sorted(kinds - {"DynamicLayer", _SLIDING_LAYER})
     if unknown or len(cache.layers) != spec.layers:
         why = f"cache layers {', '.join(unknown)}" if unknown else f"{len(cache.layers)} cache layers for {spec.layers}"
         raise ProfileError(f"{name}: {why} ({', '.join(sorted(kinds))}): the decode formulas describe full and "
@@ -502,7 +452,7 @@ def sliding_spec(model: nn.Module) -> tuple[int | None, int]:
         layers = DynamicCache(config=config).layers
     except Exception:  # noqa: BLE001 - no cache structure known: no window
         return None, 0
-    sliding = [layer for layer in layers if type(layer).__name__ in _SLIDING_LAYERS]
+    sliding = [layer for layer in layers if type(layer).__name__ == _SLIDING_LAYER]
     windows = [getattr(layer, "sliding_window", None) for layer in sliding]
     if not windows or None in windows or len(set(windows)) != 1:
         return None, 0
@@ -575,10 +525,8 @@ def with_window(spec: ModelSpec, window: int | None, layers: int) -> ModelSpec:
 
 def _patchify_forward(self: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                       ) -> torch.Tensor:
-    # torch 2.13's meta kernel for convolution fails under the jit tracer (its shape
-    # checks receive traced tensors). A patchifying conv (stride == kernel) is a linear
-    # map of the flattened patches, with exactly the same MACs:
-    # [N, C, H, W] -> [N, (H/p)(W/q), C*p*q] @ [C*p*q, C_out]
+    # torch 2.13's meta convolution fails under the jit tracer; a patchifying conv is a linear map of the
+    # flattened patches, with the same MACs: [N, C, H, W] -> [N, (H/p)(W/q), C*p*q] @ [C*p*q, C_out]
     n, c, h, w = x.shape
     p, q = self.kernel_size
     patches = x.reshape(n, c, h // p, p, w // q, q).permute(0, 2, 4, 1, 3, 5)
@@ -589,11 +537,6 @@ def _patchify_forward(self: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bi
 
 def patchify_conv(module: nn.Module) -> None:
     """A Conv2d whose stride is its kernel (a ViT patch embedding) runs as the linear map it is."""
-    if (
-        type(module) is nn.Conv2d
-        and module.stride == module.kernel_size
-        and module.padding in ((0, 0), "valid")
-        and module.dilation == (1, 1)
-        and module.groups == 1
-    ):
+    if (type(module) is nn.Conv2d and module.stride == module.kernel_size and module.padding in ((0, 0), "valid")
+            and module.dilation == (1, 1) and module.groups == 1):
         module._conv_forward = types.MethodType(_patchify_forward, module)  # type: ignore[method-assign]

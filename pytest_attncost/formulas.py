@@ -1,21 +1,7 @@
-"""The Transformer cost model of the article as pure integer functions.
-
-The article is Su Jianlin, "Linear attention is probably not the model you are
-waiting for" (PaperWeekly / kexue.fm, 2021): one layer costs ``4n(hd)²`` in the
-attention projections, ``2n²hd`` in the attention core and ``8n(hd)²`` in the
-FFN, so attention outweighs the FFN only past ``n = 2hd`` and the quadratic term
-dominates only past ``n = 6hd``. What follows generalises it (grouped-query
-attention, gated FFNs, mixtures of experts, cross-attention, decoding) and
-reduces to it for the article's models.
-
-Counts are multiply-accumulates (MACs): a product of an ``a x b`` and a ``b x c``
-matrix costs ``a*b*c``. Symbols follow the article: ``n`` tokens, ``h`` query
-heads, ``g`` key/value heads, ``d`` head size, ``D`` hidden size (``D = h*d`` in
-the article's own models), ``f`` FFN width, ``m`` memory tokens for
-cross-attention.
-
-Nothing here imports torch: these functions are the independent side that
-measured counts are compared with.
+"""The article's Transformer cost model (docs/article.md, "The cost model") as pure integer functions, in MACs,
+generalised to grouped-query attention, gated FFNs, experts, cross-attention and decoding. Symbols: ``n`` tokens,
+``h`` query heads, ``g`` key/value heads, ``d`` head size, ``D`` hidden size, ``f`` FFN width, ``m`` memory tokens.
+No torch here: these functions are the independent side that measured counts are compared with.
 """
 
 from __future__ import annotations
@@ -204,14 +190,8 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe builtins (the mixture-of-experts fields only when there are experts, the window only when set)."""
-        data = dataclasses.asdict(self)
-        if not self.experts:
-            for name in _MOE_FIELDS:
-                del data[name]
-        for name in _WINDOW_FIELDS:  # absent unless set: specs without a window keep their old form
-            if data[name] is None:
-                del data[name]
-        return data
+        return {name: value for name, value in dataclasses.asdict(self).items()  # old specs keep their form
+                if not (name in _MOE_FIELDS and not self.experts or name in _WINDOW_FIELDS and value is None)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
@@ -394,13 +374,8 @@ def quadratic_n(spec: ModelSpec) -> Fraction | None:
     return Fraction(linear, 2 * spec.heads * spec.head_dim * spec.layers)
 
 
-# --- decode: one step against a KV cache ---------------------------------------------------------
-#
-# A decode step runs q = new_tokens query tokens against a cache holding n tokens (DECISIONS:
-# "Decode step"). The q new keys join the cache first, so each query meets n + q keys; the causal
-# mask among the q new tokens hides part of the q x q corner, but the kernel multiplies all of it.
-# A sliding-window layer's cache keeps the last W - 1 tokens (transformers 5.24's
-# DynamicSlidingWindowLayer), so its queries meet min(n, W - 1) + q keys.
+# --- decode: one step against a KV cache (docs/decode.md, "A decode step") -------------------------
+# q new keys join the cache first: each query meets n + q keys (the whole q x q corner, as the kernel runs it)
 
 
 def _no_cross(spec: ModelSpec) -> None:

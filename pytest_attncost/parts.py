@@ -1,11 +1,6 @@
-"""A count's records split into the four parts: attention_core, attention_proj, ffn and other.
-
-:mod:`pytest_attncost.roles` finds the structure (layers, attention calls, projections, FFNs) from the data
-flow; here the records are summed by part: by that structure, or by the user's ``roles=`` (module-name
-globs, ``re:`` expressions or ``class:`` names), with ``causal="half"`` keeping a causal core's n(n+1)/2
-query-key pairs (``causal="kept"``: the pairs its layer's window or chunks keep), the lengths each attention
-call saw, a mixture's router, and attention outside the layers kept apart. The structure's own warnings over
-the split are here too.
+"""A count's records summed into attention_core, attention_proj, ffn and other, by the structure
+:mod:`pytest_attncost.roles` finds or by the user's ``roles=``, causal cores as ``causal=`` says; and the
+split's warnings and notes.
 """
 
 from __future__ import annotations
@@ -174,7 +169,6 @@ def _move(result: Split, part: str, record: OpRecord, macs: int) -> None:
 def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
                     ) -> tuple[list[str], list[tuple[str, tuple[int, ...]]]]:
     """Each record's part by the user's roles, and the attention calls: chained cores, or a core alone."""
-    # explicit roles place every product (product_part never says "unplaced" for them)
     parts = [product_part(role_of(r.scope, roles), is_fused(r.op), r.origin, True) if is_product(r.op) or is_fused(r.op)
              else "other" for r in records]
     cores = [i for i, part in enumerate(parts) if part == "attention_core" and records[i].backward_of is None]
@@ -185,8 +179,8 @@ def _explicit_parts(records: Sequence[OpRecord], roles: Mapping[str, str]
 
 
 def _counted_core(record: OpRecord, causal: Causal, result: Split) -> int:
-    """A core's MACs under ``causal="half"`` or ``"kept"``: the pairs kept where it is causal self-attention (under
-    ``"kept"``, a FlexAttention core's: those its mask_mod keeps, as evaluated while counting)."""
+    """A core's MACs under ``causal="half"`` or ``"kept"``: the pairs kept where it is causal self-attention (a
+    FlexAttention core under ``"kept"``: those its mask_mod kept while counting)."""
     if record.keeps is not None and result.causal == "kept":
         kept, every = record.keeps
         macs = record.macs * kept // every
@@ -222,12 +216,8 @@ def _kept(record: OpRecord, local: tuple[str, int] | None) -> int:
 
 
 def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
-    """(queries, keys, batch x heads) seen by one attention call's cores.
-
-    Softmax attention's scores ``[.., n, m]`` feed AV as its first operand; otherwise the last
-    core product's output is ``[.., n, d]`` (linear attention's Q (K^T V), fused attention); the keys are sdpa's
-    ``k`` length, or the columns of the first product's output (QK^T: ``[.., n, m]``).
-    """
+    """(queries, keys, batch x heads) seen by one attention call's cores: from the scores ``[.., n, m]`` feeding
+    AV, else the last core's output ``[.., n, d]``; the keys are sdpa's ``k`` length or the scores' columns."""
     first, last = group[0], group[-1]
     if len(last.out_shape) < 2:
         return None

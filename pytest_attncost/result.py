@@ -178,9 +178,8 @@ class Profile:
             return None
         if self.mode == "decode":
             return formulas.decode_costs(self.spec, self.n, self.new_tokens or 1, self.batch)
-        causal = self.causal if self.causal_applied else "full"
-        return formulas.model_costs(self.spec, self.n, self.batch, self.m, causal=causal,
-                                    train=self.mode == "train")
+        return formulas.model_costs(self.spec, self.n, self.batch, self.m, train=self.mode == "train",
+                                    causal=self.causal if self.causal_applied else "full")
 
     @property
     def deviation(self) -> float | None:
@@ -332,16 +331,14 @@ class Profile:
             unsupported_ops=dict(sorted(self.unsupported_ops.items())), by_module=dict(sorted(self.by_module.items())),
             versions=dict(sorted(self.versions.items())), warnings=list(self.warnings), notes=list(self.notes))
         if self.mode == "decode":  # present only in decode profiles: prefill rows and baselines keep their form
-            data["new_tokens"] = self.new_tokens
-            data["kv_cache_bytes"] = self.kv_cache_bytes
+            data.update(new_tokens=self.new_tokens, kv_cache_bytes=self.kv_cache_bytes)
         if self.mode == "train":  # present only in train profiles
             data.update(recompute=dict(sorted(self.recompute.items())), forward_macs=self.forward_macs,
                         model_flops=self.model_flops, hardware_flops=self.hardware_flops)
         if self.outside:  # present only where attention ran outside the layers
             data["outside"] = dict(sorted(self.outside.items()))
         if self.moved:  # bytes: present where the count recorded them
-            data["dtype"] = self.dtype
-            data["moved"] = {part: list(pair) for part, pair in sorted(self.moved.items())}
+            data.update(dtype=self.dtype, moved={part: list(pair) for part, pair in sorted(self.moved.items())})
         if self.memory is not None:  # present only where memory was estimated
             data["memory"] = self.memory.to_dict()
         return data
@@ -353,9 +350,7 @@ class Profile:
         kwargs = {k: v for k, v in data.items() if k in names}
         if kwargs.get("spec") is not None:
             kwargs["spec"] = ModelSpec.from_dict(kwargs["spec"])
-        for name in ("warnings", "notes"):
-            if name in kwargs:
-                kwargs[name] = tuple(kwargs[name])
+        kwargs.update({name: tuple(kwargs[name]) for name in ("warnings", "notes") if name in kwargs})
         if "moved" in kwargs:
             kwargs["moved"] = {part: tuple(pair) for part, pair in kwargs["moved"].items()}
         if kwargs.get("memory") is not None:
@@ -436,14 +431,6 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def _spread(values: Sequence[float]) -> float:
-    """Median absolute deviation from the median: one slow repeat does not widen it."""
-    if len(values) < 2:
-        return 0.0
-    middle = statistics.median(values)
-    return float(statistics.median(abs(v - middle) for v in values))
-
-
 def _ratio(top: float, bottom: float) -> float:
     return top / bottom if bottom > 0 else 0.0
 
@@ -501,8 +488,6 @@ class Timing:
                 f"attention_time_share={self.attention_time_share:.3f}, "
                 f"attention_mac_share={self.attention_mac_share:.3f})")
 
-    # -- samples -------------------------------------------------------------------------
-
     def values(self, stat: str) -> tuple[float, ...]:
         """Per-repeat values of a part or total (seconds), or of a share (see :data:`SHARES`)."""
         if stat in SHARES:
@@ -517,15 +502,18 @@ class Timing:
         return median(self.values(stat))
 
     def spread(self, stat: str) -> float:
-        """Median absolute deviation of *stat* over the repeats (seconds, or a share)."""
-        return _spread(self.values(stat))
+        """Median absolute deviation of *stat* over the repeats (seconds, or a share): one slow repeat does not
+        widen it."""
+        values = self.values(stat)
+        if len(values) < 2:
+            return 0.0
+        middle = statistics.median(values)
+        return float(statistics.median(abs(v - middle) for v in values))
 
     def _at(self, part: str, i: int) -> float:
         if part == "attention":
             return self.samples["attention_core"][i] + self.samples["attention_proj"][i]
         return self.samples[part][i]
-
-    # -- seconds (medians) ----------------------------------------------------------------
 
     @property
     def attention_core(self) -> float:
@@ -567,8 +555,6 @@ class Timing:
         """The whole forward's time, untraced (wall clock on the CPU, device time on a GPU)."""
         return self.median("forward")
 
-    # -- shares -----------------------------------------------------------------------------
-
     @property
     def attention_time_share(self) -> float:
         """attention / (attention + ffn) in time: the MAC share's twin."""
@@ -604,8 +590,6 @@ class Timing:
         """The count's MACs of *part* over its measured time; None when it took no time."""
         seconds = self.median(part)
         return self._macs(part) / seconds if seconds > 0 else None
-
-    # -- JSON -----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe builtins only (no NaN, no infinity): for xdist, reports and baselines."""

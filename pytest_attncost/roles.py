@@ -1,20 +1,6 @@
-"""Which counted ops are attention cores, projections and FFNs — by where their data flows (docs/split.md
-gives the rules with their reasons and examples).
-
-Every product record knows which earlier products reach its operands (``OpRecord.sources``), and the
-structure follows that data flow, not the classes or containers that hold the ops
-(:mod:`pytest_attncost.parts` sums the records by the parts found here): a **core** is a fused attention op,
-or two chained products of activations; its **projections** are the parameter products whose results reach
-the core's operands, those that feed only such projections (low-rank Q/KV), and the parameter product that
-takes the core's result (O, with any gate beside it); the **layers** are the repeated container elements that
-run a core, and **every other parameter product in a layer is FFN** (a mixture's router also in
-``ffn_router``); a core outside the layers is still attention, kept apart (``Split.outside``) and named in a
-note; a product of two activations in a layer that is no core cannot be placed: ``other``, and a warning.
-
-The data flow checks itself: a product placed as FFN that feeds a core, a projection that also feeds
-an MLP, a core without projections and a layer without FFN among layers with one are warnings naming
-the module and the MACs. The user's ``roles=`` replaces the detection: then a module's role decides
-(:func:`product_part`; a fused attention op is a core anywhere).
+"""Which counted ops are attention cores, projections and FFNs, by where their data flows, and the warnings where
+the data flow does not square with itself; the user's ``roles=`` replaces the detection (:func:`product_part`).
+The rules, their reasons and examples: docs/split.md, "The rule" and "When the data flow does not fit".
 """
 
 from __future__ import annotations
@@ -65,7 +51,7 @@ def core_scopes(records: Sequence[OpRecord]) -> dict[str, None]:
 
 @dataclass(frozen=True)
 class Projections:
-    """One attention call's projections, found by data flow (see the module docstring)."""
+    """One attention call's projections, found by data flow (docs/split.md)."""
 
     entry: tuple[int, ...]  # results reach the cores' operands
     inner: tuple[int, ...]  # feed only projections (low-rank Q/KV)
@@ -163,11 +149,6 @@ def query_rows(flow: Flow, group: Sequence[int], entry: Iterable[int]) -> int:
     return min((rows(flow.records[i]) for i in queries or entry), default=0)
 
 
-def _cross(flow: Flow, projections: Projections) -> bool:
-    """Whether the call's entry projections read different inputs (queries from one sequence, keys from another)."""
-    return len({flow.records[i].fed_by for i in projections.entry}) > 1
-
-
 # --- the structure: layers, their attention and FFNs, and what sits outside ---------------------------
 
 
@@ -189,7 +170,7 @@ class Structure:
             ``conditioning`` (a product of a layer on the batch's conditioning, not on its tokens: counted as other)
             or ``unplaced`` (a product of two activations in a layer that is no core).
         groups: the attention calls (indices of their cores), and where each runs (its attention module).
-        warnings: what the data flow could not square with itself (see the module docstring).
+        warnings: what the data flow could not square with itself (docs/split.md).
         columns: records split by their columns (a projection reading the attention's result concatenated
             with an MLP's, Flux's ``proj_out``; one computing Q, K, V and an MLP's input) -> ``(part, columns)``:
             its MACs go to the parts in proportion to the columns.
@@ -208,11 +189,10 @@ class Structure:
 
     def layer_of(self, scope: str) -> str | None:
         """The layer *scope* runs in (through its members too), or None."""
-        layers = self._layer_set
         for name in ancestors(scope):
             if name in self.members:
                 return self.members[name]
-            if name in layers:
+            if name in self._layer_set:
                 return name
         return None
 
@@ -234,10 +214,9 @@ def _elements(scope: str, boxes: frozenset[str]) -> list[str]:
 
 
 def _layers(homes: list[str], beside: frozenset[str], boxes: frozenset[str]) -> list[str | None]:
-    """Each attention call's layer: the innermost container element enclosing it that holds other parameter
-    products beside the projections (*beside*: the modules that do); failing that (attention-only stacks) the
-    outermost; None outside any. Without any container element, the innermost module with such products, else
-    the whole model."""
+    """Each attention call's layer: the innermost container element enclosing it that holds products *beside* the
+    projections, else (attention-only stacks) the outermost; None outside any. Without container elements, the
+    innermost module with such products, else the whole model."""
     found = [next((e for e in elements if e in beside), elements[-1] if elements else None)
              for elements in (_elements(home, boxes) for home in homes)]
     if homes and all(layer is None for layer in found):
@@ -258,15 +237,10 @@ def _index(name: str) -> tuple[int, str]:
 
 def _members(flow: Flow, layers: dict[str, None], boxes: frozenset[str], beside: frozenset[str],
              cross: dict[str, bool]) -> tuple[dict[str, str], list[str]]:
-    """Blocks that belong to attention-only layers without being inside them, and the bare elements of hybrids.
-
-    In a list whose attention layers hold nothing but attention (x-transformers keeps attention and FFN
-    blocks apart in one list), an FFN block, or a block of cross-attention, joins the attention layer
-    before it; in a list beside the layers' list (XLM's ``ffns`` beside ``attentions``), element i joins
-    layer i. Where the layers hold their own FFN (*beside*: the modules holding products that are no
-    projection), an element beside them that holds three products or more and runs no core is a layer of
-    another kind (a hybrid's state-space or recurrent layer): bare.
-    """
+    """Blocks that belong to attention-only layers without being inside them (an FFN or cross-attention block
+    joins the layer before it, x-transformers; element i of a list beside the layers' joins layer i, XLM's
+    ``ffns``), and the bare elements of hybrids: beside layers with their own FFN (*beside*), three products or
+    more and no core (a state-space or recurrent layer)."""
     members: dict[str, str] = {}
     bare: list[str] = []
     under = flow.under
@@ -306,10 +280,8 @@ def _child(module: str, scope: str) -> str:
 
 def find_structure(records: Sequence[OpRecord], containers: Iterable[str], experts: Mapping[str, int] | None = None,
                    outputs: Iterable[Iterable[int]] = ()) -> Structure:
-    """Layers, attention calls, projections and FFNs of a count, by data flow and structure (module docstring).
-
-    *outputs* are, per output of the model, the products whose results reach it (``RawCount.outputs``).
-    """
+    """Layers, attention calls, projections and FFNs of a count, by data flow and structure (docs/split.md);
+    *outputs*: per output of the model, the products whose results reach it (``RawCount.outputs``)."""
     flow = Flow(records)
     boxes = frozenset(containers)
     homes = [_common(records[i].scope for i in group) for group in flow.groups]
@@ -318,7 +290,9 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
     beside = flow.holders(i for i in flow.matrices if i not in candidates)  # modules with products beside attention
     layer_of = _layers(homes, beside, boxes)
     layers = dict.fromkeys(layer for layer in layer_of if layer is not None)
-    cross = {layer: all(_cross(flow, p) for p, at in zip(found, layer_of) if at == layer) for layer in layers}
+    # cross-attention layers: every call's entry projections read different inputs (queries, keys from another)
+    cross = {layer: all(len({records[i].fed_by for i in p.entry}) > 1 for p, at in zip(found, layer_of) if at == layer)
+             for layer in layers}
     members, bare = _members(flow, layers, boxes, beside, cross)
     layers = {layer: None for layer in layers if layer not in members}
     structure = Structure(layers=tuple(layers), members={m: members.get(o, o) for m, o in members.items()},
@@ -341,10 +315,8 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
             module = layer
         (attention.setdefault(layer, {}) if layer is not None else outside)[module] = None
         groups.append((module, tuple(group)))
-    structure = Structure(
-        layers=structure.layers, attention={layer: tuple(m) for layer, m in attention.items()},
-        members=structure.members, outside=tuple(outside), experts=structure.experts, bare=structure.bare,
-        groups=tuple(groups))
+    structure = dataclasses.replace(structure, attention={layer: tuple(m) for layer, m in attention.items()},
+                                    outside=tuple(outside), groups=tuple(groups))
     outs = {i for p, (module, _) in zip(projections, groups) if module in outside for i in p.out}
     placed = {i for p in projections for i in p.all}
     free = [i for i in flow.params(flow.products) if i not in inside and i not in placed]
@@ -422,10 +394,8 @@ def _plain(part: str) -> str:
 
 
 def _wrapper_part(flow: Flow, i: int, parts: Sequence[str], structure: Structure) -> str | None:
-    """The part of the product that a wrapper module around product *i* adapts: the nearest module enclosing
-    *i* below its layer, running no attention core, whose placed products are of one part (peft's LoRA
-    layer holds ``base_layer`` beside ``lora_A`` / ``lora_B``; DoRA runs them on an identity matrix to norm its
-    weight)."""
+    """The part of the placed products of the nearest module around *i* below its layer that runs no core, where
+    they are of one part (peft's LoRA layer beside ``base_layer``; DoRA runs them on an identity matrix)."""
     layer = structure.layer_of(flow.records[i].scope)
     if layer is None:
         return None
@@ -440,13 +410,9 @@ def _wrapper_part(flow: Flow, i: int, parts: Sequence[str], structure: Structure
 
 
 def _leftover(flow: Flow, i: int, parts: Sequence[str], tokens: int, wrapped: str | None) -> str:
-    """The part of a product in a layer that is no core or projection of its attention.
-
-    A parameter product on the tokens' rows is FFN, unless it is the second half of an adapter (LoRA's B), which
-    takes the part of the product it adapts; one on fewer rows than the layer's queries runs on the
-    batch's conditioning (a diffusion transformer's timestep MLP and adaLN modulation): ``conditioning``. A
-    product inside a wrapper of a placed product (*wrapped*: its part) takes that part, whatever its rows.
-    """
+    """The part of a product in a layer that is no core or projection of its attention: a parameter product is
+    FFN on the tokens' rows, ``conditioning`` on fewer (adaLN modulation); an adapter's B or a product inside a
+    wrapper (*wrapped*) takes the part of what it adapts (docs/split.md, "The rule", 3)."""
     record = flow.records[i]
     if record.origin != "param":
         return "other" if record.origin == "buffer" else "unplaced"
@@ -483,7 +449,7 @@ def _outside_ffn(flow: Flow, free: list[int], outs: set[int], outputs: list[froz
 
 def _flow_warnings(flow: Flow, projections: list[Projections], parts: Sequence[str],
                    groups: Sequence[tuple[str, tuple[int, ...]]]) -> list[str]:
-    """The data flow's checks on itself (see the module docstring)."""
+    """The data flow's checks on itself (docs/split.md)."""
     records = flow.records
     found: list[str] = []
     for (module, group), mine in zip(groups, projections):
@@ -514,13 +480,9 @@ def role_of(scope: str, roles: Mapping[str, str]) -> str | None:
 
 
 def product_part(role: str | None, fused: bool, origin: str, explicit: bool) -> str:
-    """Where a matrix product (or a fused attention op) goes, given its module's role.
-
-    ``attention_core``, ``attention_proj``, ``ffn``, ``other``, or ``unplaced``: a product of two
-    activations in an FFN module, which no rule can place (counted as ``other`` and warned about). With the
-    user's ``roles=`` (*explicit*) a fused attention op is a core wherever it runs and every product in an
-    FFN module is FFN. Used by the split of the user's roles and by measured time.
-    """
+    """Where a matrix product (or a fused attention op) goes, given its module's role: a part, or ``unplaced`` (a
+    product of two activations in an FFN module: counted as other, warned about). With the user's ``roles=``
+    (*explicit*) a fused attention op is a core wherever it runs and every product in an FFN module is FFN."""
     if fused:
         return "attention_core" if role == "attention" or explicit else "other"
     if role == "attention":
