@@ -47,9 +47,6 @@ MAX_ITEMS = 4096
 _SIMPLE = (int, float, bool, str, bytes, complex, type(None))
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType,
               types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
-# Private attributes the key should not look at: the twin drops hooks, and parameters, buffers
-# and children are described on their own.
-_MODULE_INTERNALS: frozenset[str] | None = None
 
 
 class Uncacheable(Exception):
@@ -179,14 +176,13 @@ class _Describer:
         return index
 
 
+@functools.cache
 def _module_internals() -> frozenset[str]:
-    global _MODULE_INTERNALS
-    if _MODULE_INTERNALS is None:
-        from torch import nn
+    """nn.Module's own attributes, which the key does not look at (the twin drops hooks; parameters, buffers and
+    children are described on their own); the training flag stays: it decides counts (dropout, LayerDrop)."""
+    from torch import nn
 
-        # the training flag decides counts (dropout paths, LayerDrop): it stays in the key
-        _MODULE_INTERNALS = (frozenset(vars(nn.Module())) | {"_compiled_call_impl"}) - {"training"}
-    return _MODULE_INTERNALS
+    return (frozenset(vars(nn.Module())) | {"_compiled_call_impl"}) - {"training"}
 
 
 def structure(model: nn.Module) -> Hashable:
@@ -268,12 +264,13 @@ def cache_keys(target: nn.Module, request: Request) -> list[Hashable | None]:
     early_stop = getattr(sys.modules.get("torch.utils.checkpoint"), "_enable_checkpoint_early_stop", None)
     asked = (request.batch, request.batch_given, inputs_key, roles_key, request.spec_read, request.spec, request.name,
              request.backend, request.mode, request.causal, request.fallback, request.new_tokens, request.m)
-    keys: list[Hashable | None] = []
-    for n in ns:
-        key: Hashable | None = (model_key, n, asked, torch.backends.mha.get_fastpath_enabled(), early_stop)
-        try:
-            hash(key)
-        except TypeError:  # an unhashable leaf slipped through
-            key = None
-        keys.append(key)
-    return keys
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    return [_hashable((model_key, n, asked, fast_path, early_stop)) for n in ns]
+
+
+def _hashable(key: Hashable) -> Hashable | None:
+    try:
+        hash(key)
+    except TypeError:  # an unhashable leaf slipped through
+        return None
+    return key
