@@ -1,11 +1,7 @@
 """The one op table: which aten ops multiply, where their operands are, their MACs from shapes.
 
-torch-free, so that the split (:mod:`~pytest_attncost.roles`) and everything that only reads
-records run without torch. Every reader of ops uses this table: the fvcore handles and the
-torch backend's formulas (:mod:`~pytest_attncost.counting`) for the products their libraries do
-not count themselves, the split (is a record a product, a fused attention op), and the timing
-engine (which profiler ops multiply, which operand is a weight, their MACs from recorded shapes).
-Names are the dispatcher's, ``aten::mm``; short names (``mm``) are what views are listed by.
+torch-free, so that the split and everything that only reads records run without torch; every reader of ops
+(both backends' handles, the split, the timing engine) uses it. Names are the dispatcher's, ``aten::mm``.
 """
 
 from __future__ import annotations
@@ -20,31 +16,9 @@ from dataclasses import dataclass, field
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .request import BACKENDS
 
-__all__ = [
-    "FUSED_ATTENTION_OPS",
-    "LIBRARY",
-    "MASK_CAUSAL",
-    "MASK_NONE",
-    "MASK_UNKNOWN",
-    "MATMUL_LIKE_UNSUPPORTED",
-    "OURS",
-    "OpRecord",
-    "PRODUCTS",
-    "Product",
-    "RawCount",
-    "SDPA_OPS",
-    "TABLE",
-    "UNCOUNTED",
-    "VIEW_OPS",
-    "ancestors",
-    "attention_macs",
-    "counted_by",
-    "is_fused",
-    "is_product",
-    "parent",
-    "short",
-    "within",
-]
+__all__ = ["FUSED_ATTENTION_OPS", "LIBRARY", "MASK_CAUSAL", "MASK_NONE", "MASK_UNKNOWN", "MATMUL_LIKE_UNSUPPORTED",
+           "OURS", "OpRecord", "PRODUCTS", "Product", "RawCount", "SDPA_OPS", "TABLE", "UNCOUNTED", "VIEW_OPS",
+           "ancestors", "attention_macs", "counted_by", "is_fused", "is_product", "parent", "short", "within"]
 
 Shape = Sequence[int]
 

@@ -1,11 +1,6 @@
-"""The fvcore backend: ``FlopCountAnalysis`` traces the twin with ``torch.jit``, and a record is kept of
-every op it counts.
-
-fvcore's handles count the products it knows; this module adds what it lacks: handles for fused
-attention (fvcore logs ``aten::scaled_dot_product_attention`` as unsupported and counts 0) and the
-products the op table marks as counted from the table (``baddbmm``, ``mv``, ``vdot``, ``_int_mm``, ...),
-an exact einsum (fvcore's rounds to 4 significant digits), a record per op (module scope, MACs, shapes,
-whether an operand is a parameter), and a mask label on every attention product, read from the traced graph.
+"""The fvcore backend: ``FlopCountAnalysis`` traces the twin with ``torch.jit``, and a record is kept of every op
+it counts. Added here: handles for fused attention (fvcore counts 0) and the op table's products fvcore lacks, an
+exact einsum (docs/conventions.md), and a mask label on every attention product, read from the traced graph.
 """
 
 from __future__ import annotations
@@ -63,7 +58,6 @@ def _einsum_macs(inputs: list[Any], outputs: list[Any]) -> int:
     """Exactly what torch runs: its own einsum on empty meta operands, under its FLOP counter (fvcore's handle
     rounds to 4 significant digits: 16,778,000 for 16,777,216)."""
     from torch.utils.flop_counter import FlopCounterMode
-
     equation = inputs[0].toIValue()
     listed = inputs[1].node()
     if listed.kind() != "prim::ListConstruct" or not isinstance(equation, str):
@@ -406,28 +400,19 @@ def count_forward(
         CountError: the tracer could not run the model; the message carries its reason.
     """
     refuse_scripted(model)
+    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves((args, kwargs))]
     with no_global_hooks():
-        return _count_forward(model, args, kwargs, buffer_masks)
-
-
-def _all_meta(model: nn.Module, values: Any) -> bool:
-    """No values anywhere: nothing a layer does can depend on data."""
-    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves(values)]
-    return all(t.is_meta for t in leaves if isinstance(t, torch.Tensor))
-
-
-def _count_forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   buffer_masks: Mapping[str, Pattern] | None) -> RawCount:
-    if repeats.SHORTCUT.get() and _all_meta(model, (args, kwargs)):
-        layers = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
-        if layers:
-            try:
-                return _trace(model, args, kwargs, buffer_masks, layers)
-            except NotRepeating:
-                drop_hooks(model)  # the harness's (and, after a failed trace, fvcore's) hooks
-            finally:
-                layers.undo()
-    return _trace(model, args, kwargs, buffer_masks, None)
+        # all on meta: no values anywhere, so nothing a layer does can depend on data
+        if repeats.SHORTCUT.get() and all(t.is_meta for t in leaves if isinstance(t, torch.Tensor)):
+            layers = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
+            if layers:
+                try:
+                    return _trace(model, args, kwargs, buffer_masks, layers)
+                except NotRepeating:
+                    drop_hooks(model)  # the harness's (and, after a failed trace, fvcore's) hooks
+                finally:
+                    layers.undo()
+        return _trace(model, args, kwargs, buffer_masks, None)
 
 
 _MARKER = "<repeat>"  # where a copied layer was called, in graph order

@@ -176,7 +176,6 @@ class Patterns:
 
     def __init__(self, known: Mapping[int, Pattern] | None = None) -> None:
         from torch.utils.weak import WeakTensorKeyDictionary
-
         self.found: Any = WeakTensorKeyDictionary()
         self.known = dict(known or {})  # id(tensor) -> pattern (a model's mask buffers, held by the model)
 
@@ -230,11 +229,8 @@ def remember(model: nn.Module, patterns: Patterns) -> None:
 def buffer_masks(model: nn.Module) -> dict[str, Pattern]:
     """Buffers of *model* (the original, with values) that hold a triangular mask, by dotted name.
 
-    A twin's buffers are empty meta tensors, so the form of a registered mask
-    (``register_buffer("tril", torch.tril(torch.ones(n, n)))``) is read here, from
-    the user's model, and handed to :func:`count_forward` / :func:`count_forward_torch`
-    as ``buffer_masks=``. Only square masks (leading dimensions of size 1) whose
-    non-zero entries form ``tril`` or ``triu(diagonal=1)`` are kept. A model a factory built on the
+    A twin's buffers are empty meta tensors, so the form of a registered mask is read here, from the user's model
+    (square masks whose non-zero entries form ``tril`` or ``triu(diagonal=1)``). A model a factory built on the
     meta device has no values: its buffers' patterns were followed while it was built (:func:`recording`).
     """
     found: dict[str, Pattern] = dict(_BUILT.get(model, {}))  # built on the meta device: read while built

@@ -1,24 +1,6 @@
-"""Repeated layers: trace two, count the rest as copies of the second.
-
-Transformer layers repeat. In a run of three or more consecutive elements of a ModuleList /
-Sequential that are built alike (classes, parameter and buffer shapes, settings), the first
-two are traced in full and every later one, called with inputs equivalent to the second's,
-returns the second's output and is counted as a copy of the second's records. The copy is
-exact because, with the same code, settings and inputs, a layer runs the same ops on the same
-shapes; every assumption is checked, and anything unchecked runs in full:
-
-* settings that differ between the layers (``layer_idx``, ``attention_type``, ...) are
-  watched: if the two traced layers read one, the whole count is redone in full;
-* inputs: the non-tensor ones equal, the tensors the same objects the second layer got,
-  except the one tensor that changes from layer to layer (the hidden states), which must
-  match in shape, dtype, strides and device; a layer called otherwise runs in full;
-* the first two layers must produce the same records (scopes renamed), so that where a
-  layer's input comes from (embeddings or another layer) changes nothing;
-* each layer of the run is called at most once, the first two exactly once, in order.
-
-Only on meta / fake tensors (no values, so nothing can depend on them) and forward passes.
-The backends (:mod:`.jit`, :mod:`.dispatch`) say what a copy is: the :class:`Repeats` of one
-count calls their ``on_stub`` for every copied layer.
+"""Repeated layers: trace two, count the rest as copies of the second; every assumption checked, anything
+unchecked runs in full (docs/performance.md, "What the repeated-layer shortcut checks"). The backends
+(:mod:`.jit`, :mod:`.dispatch`) say what a copy is: :class:`Repeats` calls their ``on_stub`` per copied layer.
 """
 
 from __future__ import annotations
