@@ -81,16 +81,15 @@ class Product:
     """One op that multiplies matrices.
 
     Attributes:
-        operands: the argument positions of its two matrices (``()``: every tensor it is given,
-            as einsum's list).
-        macs: its MACs from the operands' shapes (and the output's); None where only a backend can
-            tell (einsum's equation, a convolution's geometry, a packed weight).
-        weight: its second operand is a weight by construction (Linear, convolutions), whatever the
-            profiler's shapes show.
-        packed: its weight is packed inside the op (quantized kernels): no operand shows it, and it
-            is a parameter product wherever it runs.
-        fvcore, torch: how each backend counts it (:data:`LIBRARY`, :data:`TABLE`, :data:`OURS`,
-            :data:`UNCOUNTED`); each backend's handles are made from these.
+        operands: the argument positions of its two matrices (``()``: every tensor it is given, as einsum's list).
+        macs: its MACs from the operands' shapes (and the output's); None where only a backend can tell (einsum's
+            equation, a convolution's geometry, a packed weight).
+        weight: its second operand is a weight by construction (Linear, convolutions), whatever the profiler's shapes
+            show.
+        packed: its weight is packed inside the op (quantized kernels): no operand shows it, and it is a parameter
+            product wherever it runs.
+        fvcore, torch: how each backend counts it (:data:`LIBRARY`, :data:`TABLE`, :data:`OURS`, :data:`UNCOUNTED`);
+            each backend's handles are made from these.
     """
 
     operands: tuple[int, ...] = (0, 1)
@@ -223,27 +222,25 @@ class OpRecord:
         op: the aten name, e.g. ``aten::linear``.
         scope: dotted name of the innermost module that ran it (``""``: the root).
         macs: what its handle counted.
-        origin: ``"param"`` if an operand is (a view of) a parameter, ``"buffer"``
-            if one is a buffer and none a parameter, else ``"activation"``.
+        origin: ``"param"`` if an operand is (a view of) a parameter, ``"buffer"`` if one is a buffer and none a
+            parameter, else ``"activation"``.
         shapes: the shapes of its operands (for matrix products) or of q, k, v.
         out_shape: the shape of its (first) output.
-        mask: for a product of two activations (QK^T, AV, and their gradients) and for fused
-            attention: ``"causal"`` if it runs under a causal mask (query i sees keys j <= i:
-            ``is_causal=True``, or a ``tril`` / ``triu(diagonal=1)`` mask built inline or held
-            in a buffer named in ``buffer_masks=``), ``"unknown"`` if some other mask or bias
-            is applied to its scores (padding, sliding window, a mask built some other way),
+        mask: for a product of two activations (QK^T, AV, and their gradients) and for fused attention: ``"causal"`` if
+            it runs under a causal mask (query i sees keys j <= i: ``is_causal=True``, or a ``tril`` /
+            ``triu(diagonal=1)`` mask built inline or held in a buffer named in ``buffer_masks=``), ``"unknown"`` if
+            some other mask or bias is applied to its scores (padding, sliding window, a mask built some other way),
             ``""`` if none is (and for every other op).
-        sources: for a product or fused attention op, per operand, the indices (in the count's list
-            of records) of the earlier products whose results reach it through ops that multiply no
-            matrices (views, norms, activations, rotary, residual additions): the data flow the
-            split follows (:mod:`~pytest_attncost.roles`); :attr:`fed_by` is their union.
-        backward_of: in a train-mode count, the index of the forward record a backward op
-            differentiates (-1 when none was counted); None for forward ops.
+        sources: for a product or fused attention op, per operand, the indices (in the count's list of records) of the
+            earlier products whose results reach it through ops that multiply no matrices (views, norms, activations,
+            rotary, residual additions): the data flow the split follows (:mod:`~pytest_attncost.roles`); :attr:`fed_by`
+            is their union.
+        backward_of: in a train-mode count, the index of the forward record a backward op differentiates (-1 when none
+            was counted); None for forward ops.
         weights: the elements of its operands that are parameters (the weights it reads).
-        keeps: for the records of a FlexAttention core (forward and backward), ``(kept, all)``: the
-            (batch, head, query, key) positions its ``mask_mod`` keeps of all it spans, evaluated while
-            counting under ``causal="half"`` or ``"kept"``; None elsewhere. Its MACs over the kept pairs
-            are ``macs * kept // all``.
+        keeps: for the records of a FlexAttention core (forward and backward), ``(kept, all)``: the (batch, head, query,
+            key) positions its ``mask_mod`` keeps of all it spans, evaluated while counting under ``causal="half"`` or
+            ``"kept"``; None elsewhere. Its MACs over the kept pairs are ``macs * kept // all``.
     """
 
     op: str

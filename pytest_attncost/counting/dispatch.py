@@ -413,10 +413,9 @@ def count_forward_torch(
 ) -> RawCount:
     """Count with torch's ``FlopCounterMode`` at the dispatcher, on fake tensors (no memory, no arithmetic).
 
-    *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the
-    outputs), so backward products are counted as executed, each in the scope (and with the
-    origin and mask) of the forward op it differentiates. FLOPs are halved into MACs.
-    Products torch has no formula for are listed in ``unsupported_ops``.
+    *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the outputs), so backward
+    products are counted as executed, each in the scope (and with the origin and mask) of the forward op it
+    differentiates. FLOPs are halved into MACs. Products torch has no formula for are listed in ``unsupported_ops``.
 
     Args:
         buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`).

@@ -389,12 +389,12 @@ def count_forward(
 ) -> RawCount:
     """Trace ``model(*args, **kwargs)`` with fvcore and return every op's record.
 
-    *model* must already be a twin (see :func:`meta_twin`): it is hooked and traced.
-    The user's global module hooks are set aside meanwhile (they must not fire).
+    *model* must already be a twin (see :func:`meta_twin`): it is hooked and traced. The user's global module hooks are
+    set aside meanwhile (they must not fire).
 
     Args:
-        buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`),
-            so that ``masked_fill(self.tril[:T, :T] == 0, -inf)`` is recognised as causal.
+        buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`), so that
+            ``masked_fill(self.tril[:T, :T] == 0, -inf)`` is recognised as causal.
 
     Raises:
         CountError: the tracer could not run the model; the message carries its reason.
@@ -520,8 +520,7 @@ def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], buff
 def _untraceable(model: nn.Module, exc: Exception) -> CountError:
     """The tracer's failure in the user's words: its reason, and the fix."""
     reason = f"{type(exc).__name__}: {exc}".strip()
-    if len(reason) > 600:
-        reason = reason[:600] + " ..."
+    reason = reason[:600] + " ..." if len(reason) > 600 else reason
     if "Storage size calculation overflowed" in reason:
         return CountError(
             f"the length is too large to trace {type(model).__name__}: {reason} (torch cannot "
@@ -564,13 +563,9 @@ def _placement(records: list[OpRecord], stubs: Mapping[str, Run], second_of: Map
 
 
 def _expand_markers(records: list[OpRecord], layers: Repeats, by_module: dict[str, int]) -> tuple[list[OpRecord], int]:
-    """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module.
-
-    Sources move with the records (:meth:`.repeats.Copy.transported`); what reached a marker reaches the copy's
-    records that the second layer's output came from.
-
-    Raises NotRepeating if the first two layers' records differ, or a copied layer left no marker.
-    """
+    """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module. Sources
+    move with the records (:meth:`.repeats.Copy.transported`). Raises NotRepeating if the first two layers' records
+    differ, or a copied layer left no marker."""
     stubs = layers.stub_of()
     first_of: dict[str, list[int]] = {}  # second layer -> the first layer's records
     second_of: dict[str, list[int]] = {}  # second layer -> its own records

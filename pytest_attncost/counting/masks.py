@@ -31,9 +31,6 @@ __all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "a
 Pattern = tuple[tuple[Any, ...], Any]  # (position set, fill value or None)
 
 
-_CAUSAL_MASKED = ("upper", 1)  # the positions a causal mask removes: j > i
-
-
 _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "expand_as", "unsqueeze", "squeeze", "contiguous", "clone", "to",
           "_to_copy", "type_as", "detach", "alias", "float", "half", "bfloat16", "view_as", "reshape_as"}
 MASK_PASS = frozenset(_VIEWS | {"lift_fresh", "lift_fresh_copy", "bool"})
@@ -121,7 +118,8 @@ def mask_transfer(op: str, ins: list[Any]) -> Pattern | None:
 
 
 def _label(masked: tuple[Any, ...] | None) -> str:
-    return MASK_NONE if masked == ("none",) else MASK_CAUSAL if masked == _CAUSAL_MASKED else MASK_UNKNOWN
+    # ("upper", 1): the positions a causal mask removes, j > i
+    return MASK_NONE if masked == ("none",) else MASK_CAUSAL if masked == ("upper", 1) else MASK_UNKNOWN
 
 
 def _additive(mask: Any) -> str:
@@ -150,8 +148,7 @@ def masking_label(op: str, ins: list[Any], flow: int) -> str:
 def sdpa_label(is_causal: Any, has_mask: bool, attn_mask: Any, mask_is_bool: bool | None) -> str:
     """``is_causal=True`` or a causal ``attn_mask`` (bool: True = attend; float: added to the scores).
 
-    *attn_mask* is the mask's Pattern, None when its form is unknown; *has_mask* says whether
-    one is passed at all.
+    *attn_mask* is the mask's Pattern, None when its form is unknown; *has_mask* says whether one is passed at all.
     """
     if not has_mask:
         return MASK_CAUSAL if is_causal is True else MASK_NONE if is_causal in (False, None) else MASK_UNKNOWN

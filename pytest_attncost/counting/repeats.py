@@ -224,33 +224,30 @@ class Repeats:
 
     def _matches(self, run: Run, args: Any, kwargs: Any) -> bool:
         try:
-            return self._alike(run, args, kwargs)
+            if len(run.calls) != 2:
+                return False
+            (leaves0, spec0, _, _, end0, *_), (leaves1, spec1, _, start1, *_) = run.calls
+            if end0 >= start1 or spec0 != spec1:
+                return False  # nested calls, or the second layer called another way
+            if run.chained is None:
+                moving = [i for i, (a, b) in enumerate(zip(leaves0, leaves1)) if a is not b]
+                if (len(moving) != 1 or not isinstance(leaves1[moving[0]], torch.Tensor)
+                        or any(leaves1[moving[0]] is leaf for leaf in leaves0)
+                        or not all(_same(a, b) for a, b in zip(leaves0, leaves1)
+                                   if not isinstance(a, torch.Tensor) and a is not b)):
+                    return False
+                run.chained = moving[0]
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            if spec != spec1:
+                return False
+            mine, theirs = leaves[run.chained], leaves1[run.chained]
+            return (all(a is b or not isinstance(b, torch.Tensor) and _same(a, b)
+                        for position, (a, b) in enumerate(zip(leaves, leaves1)) if position != run.chained)
+                    and type(mine) is type(theirs) and mine.shape == theirs.shape and mine.dtype == theirs.dtype
+                    and mine.device == theirs.device and mine.stride() == theirs.stride()
+                    and mine.requires_grad == theirs.requires_grad and mine.layout == theirs.layout)
         except Exception:  # noqa: BLE001 - inputs that cannot be compared: this layer runs in full
             return False
-
-    def _alike(self, run: Run, args: Any, kwargs: Any) -> bool:
-        if len(run.calls) != 2:
-            return False
-        (leaves0, spec0, _, _, end0, *_), (leaves1, spec1, _, start1, *_) = run.calls
-        if end0 >= start1 or spec0 != spec1:
-            return False  # nested calls, or the second layer called another way
-        if run.chained is None:
-            moving = [i for i, (a, b) in enumerate(zip(leaves0, leaves1)) if a is not b]
-            if (len(moving) != 1 or not isinstance(leaves1[moving[0]], torch.Tensor)
-                    or any(leaves1[moving[0]] is leaf for leaf in leaves0)
-                    or not all(_same(a, b) for a, b in zip(leaves0, leaves1)
-                               if not isinstance(a, torch.Tensor) and a is not b)):
-                return False
-            run.chained = moving[0]
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        if spec != spec1:
-            return False
-        mine, theirs = leaves[run.chained], leaves1[run.chained]
-        return (all(a is b or not isinstance(b, torch.Tensor) and _same(a, b)
-                    for position, (a, b) in enumerate(zip(leaves, leaves1)) if position != run.chained)
-                and type(mine) is type(theirs) and mine.shape == theirs.shape and mine.dtype == theirs.dtype
-                and mine.device == theirs.device and mine.stride() == theirs.stride()
-                and mine.requires_grad == theirs.requires_grad and mine.layout == theirs.layout)
 
     def check(self) -> None:
         """After the count: raise NotRepeating if a copy made cannot stand."""

@@ -82,9 +82,8 @@ def no_global_hooks() -> Iterator[None]:
 def meta_twin(model: nn.Module) -> nn.Module:
     """A deep copy of *model* whose parameters and buffers are empty meta tensors.
 
-    The copy shares nothing with the original: tied weights stay tied to each
-    other, the ``training`` flags are kept, and every hook is dropped (the user's
-    hooks must neither fire during counting nor be copied into the count).
+    The copy shares nothing with the original: tied weights stay tied to each other, the ``training`` flags are kept,
+    and every hook is dropped (the user's hooks must neither fire during counting nor be copied into the count).
     """
     refuse_scripted(model)
     memo: dict[int, Any] = graph_metadata(model)
