@@ -1,8 +1,7 @@
 """The one op table: which aten ops multiply, where their operands are, their MACs from shapes.
 
 torch-free, so that the split and everything that only reads records run without torch; every reader of ops
-(both backends' handles, the split, the timing engine) uses it. Names are the dispatcher's, ``aten::mm``.
-"""
+(both backends' handles, the split, the timing engine) uses it. Names are the dispatcher's, ``aten::mm``."""
 
 from __future__ import annotations
 

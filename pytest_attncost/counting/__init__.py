@@ -1,6 +1,5 @@
 """The counters, and the one interface over them: :func:`count` and its fallback chain (fvcore, then torch on
-fake tensors, then on real ones at small n; docs/architecture.md, docs/second-opinion.md ``fallback=True``).
-"""
+fake tensors, then on real ones at small n; docs/architecture.md, docs/second-opinion.md ``fallback=True``)."""
 
 from __future__ import annotations
 

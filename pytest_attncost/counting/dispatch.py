@@ -1,7 +1,6 @@
 """The torch backend: torch's ``FlopCounterMode`` at the dispatcher, on fake tensors, with a recorder that gives
 every op the scope, origin and mask label fvcore's records have. Train mode and checkpointing: docs/split.md;
-several lengths at once (:mod:`~pytest_attncost.one_run`, split per length by :func:`at_lengths`): docs/sweeps.md.
-"""
+several lengths at once (:mod:`~pytest_attncost.one_run`, split per length by :func:`at_lengths`): docs/sweeps.md."""
 
 from __future__ import annotations
 

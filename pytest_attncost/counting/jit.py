@@ -1,7 +1,6 @@
 """The fvcore backend: ``FlopCountAnalysis`` traces the twin with ``torch.jit``, and a record is kept of every op
 it counts. Added here: handles for fused attention (fvcore counts 0) and the op table's products fvcore lacks, an
-exact einsum (docs/conventions.md), and a mask label on every attention product, read from the traced graph.
-"""
+exact einsum (docs/conventions.md), and a mask label on every attention product, read from the traced graph."""
 
 from __future__ import annotations
 

@@ -146,10 +146,8 @@ def masking_label(op: str, ins: list[Any], flow: int) -> str:
 
 
 def sdpa_label(is_causal: Any, has_mask: bool, attn_mask: Any, mask_is_bool: bool | None) -> str:
-    """``is_causal=True`` or a causal ``attn_mask`` (bool: True = attend; float: added to the scores).
-
-    *attn_mask* is the mask's Pattern, None when its form is unknown; *has_mask* says whether one is passed at all.
-    """
+    """``is_causal=True`` or a causal ``attn_mask`` (bool: True = attend; float: added to the scores). *attn_mask* is
+    the mask's Pattern, None when its form is unknown; *has_mask* says whether one is passed at all."""
     if not has_mask:
         return MASK_CAUSAL if is_causal is True else MASK_NONE if is_causal in (False, None) else MASK_UNKNOWN
     if mask_is_bool and isinstance(attn_mask, tuple):

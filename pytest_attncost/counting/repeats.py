@@ -1,7 +1,6 @@
 """Repeated layers: trace two, count the rest as copies of the second; every assumption checked, anything
 unchecked runs in full (docs/performance.md, "What the repeated-layer shortcut checks"). The backends
-(:mod:`.jit`, :mod:`.dispatch`) say what a copy is: :class:`Repeats` calls their ``on_stub`` per copied layer.
-"""
+(:mod:`.jit`, :mod:`.dispatch`) say what a copy is: :class:`Repeats` calls their ``on_stub`` per copied layer."""
 
 from __future__ import annotations
 
