@@ -1,12 +1,7 @@
 """The one op table: which aten ops multiply, where their operands are, their MACs from shapes.
 
-torch-free, so that the split (:mod:`~pytest_attncost.roles`) and everything that only reads
-records run without torch. Every reader of ops uses this table: the fvcore handles and the
-torch backend's formulas (:mod:`~pytest_attncost.counting`) for the products their libraries do
-not count themselves, the split (is a record a product, a fused attention op), and the timing
-engine (which profiler ops multiply, which operand is a weight, their MACs from recorded shapes).
-Names are the dispatcher's, ``aten::mm``; short names (``mm``) are what views are listed by.
-"""
+torch-free, so that the split and everything that only reads records run without torch; every reader of ops
+(both backends' handles, the split, the timing engine) uses it. Names are the dispatcher's, ``aten::mm``."""
 
 from __future__ import annotations
 
@@ -20,31 +15,9 @@ from dataclasses import dataclass, field
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .request import BACKENDS
 
-__all__ = [
-    "FUSED_ATTENTION_OPS",
-    "LIBRARY",
-    "MASK_CAUSAL",
-    "MASK_NONE",
-    "MASK_UNKNOWN",
-    "MATMUL_LIKE_UNSUPPORTED",
-    "OURS",
-    "OpRecord",
-    "PRODUCTS",
-    "Product",
-    "RawCount",
-    "SDPA_OPS",
-    "TABLE",
-    "UNCOUNTED",
-    "VIEW_OPS",
-    "ancestors",
-    "attention_macs",
-    "counted_by",
-    "is_fused",
-    "is_product",
-    "parent",
-    "short",
-    "within",
-]
+__all__ = ["FUSED_ATTENTION_OPS", "LIBRARY", "MASK_CAUSAL", "MASK_NONE", "MASK_UNKNOWN", "MATMUL_LIKE_UNSUPPORTED",
+           "OURS", "OpRecord", "PRODUCTS", "Product", "RawCount", "SDPA_OPS", "TABLE", "UNCOUNTED", "VIEW_OPS",
+           "ancestors", "attention_macs", "counted_by", "is_fused", "is_product", "parent", "short", "within"]
 
 Shape = Sequence[int]
 
@@ -107,16 +80,15 @@ class Product:
     """One op that multiplies matrices.
 
     Attributes:
-        operands: the argument positions of its two matrices (``()``: every tensor it is given,
-            as einsum's list).
-        macs: its MACs from the operands' shapes (and the output's); None where only a backend can
-            tell (einsum's equation, a convolution's geometry, a packed weight).
-        weight: its second operand is a weight by construction (Linear, convolutions), whatever the
-            profiler's shapes show.
-        packed: its weight is packed inside the op (quantized kernels): no operand shows it, and it
-            is a parameter product wherever it runs.
-        fvcore, torch: how each backend counts it (:data:`LIBRARY`, :data:`TABLE`, :data:`OURS`,
-            :data:`UNCOUNTED`); each backend's handles are made from these.
+        operands: the argument positions of its two matrices (``()``: every tensor it is given, as einsum's list).
+        macs: its MACs from the operands' shapes (and the output's); None where only a backend can tell (einsum's
+            equation, a convolution's geometry, a packed weight).
+        weight: its second operand is a weight by construction (Linear, convolutions), whatever the profiler's shapes
+            show.
+        packed: its weight is packed inside the op (quantized kernels): no operand shows it, and it is a parameter
+            product wherever it runs.
+        fvcore, torch: how each backend counts it (:data:`LIBRARY`, :data:`TABLE`, :data:`OURS`, :data:`UNCOUNTED`);
+            each backend's handles are made from these.
     """
 
     operands: tuple[int, ...] = (0, 1)
@@ -249,27 +221,25 @@ class OpRecord:
         op: the aten name, e.g. ``aten::linear``.
         scope: dotted name of the innermost module that ran it (``""``: the root).
         macs: what its handle counted.
-        origin: ``"param"`` if an operand is (a view of) a parameter, ``"buffer"``
-            if one is a buffer and none a parameter, else ``"activation"``.
+        origin: ``"param"`` if an operand is (a view of) a parameter, ``"buffer"`` if one is a buffer and none a
+            parameter, else ``"activation"``.
         shapes: the shapes of its operands (for matrix products) or of q, k, v.
         out_shape: the shape of its (first) output.
-        mask: for a product of two activations (QK^T, AV, and their gradients) and for fused
-            attention: ``"causal"`` if it runs under a causal mask (query i sees keys j <= i:
-            ``is_causal=True``, or a ``tril`` / ``triu(diagonal=1)`` mask built inline or held
-            in a buffer named in ``buffer_masks=``), ``"unknown"`` if some other mask or bias
-            is applied to its scores (padding, sliding window, a mask built some other way),
+        mask: for a product of two activations (QK^T, AV, and their gradients) and for fused attention: ``"causal"`` if
+            it runs under a causal mask (query i sees keys j <= i: ``is_causal=True``, or a ``tril`` /
+            ``triu(diagonal=1)`` mask built inline or held in a buffer named in ``buffer_masks=``), ``"unknown"`` if
+            some other mask or bias is applied to its scores (padding, sliding window, a mask built some other way),
             ``""`` if none is (and for every other op).
-        sources: for a product or fused attention op, per operand, the indices (in the count's list
-            of records) of the earlier products whose results reach it through ops that multiply no
-            matrices (views, norms, activations, rotary, residual additions): the data flow the
-            split follows (:mod:`~pytest_attncost.roles`); :attr:`fed_by` is their union.
-        backward_of: in a train-mode count, the index of the forward record a backward op
-            differentiates (-1 when none was counted); None for forward ops.
+        sources: for a product or fused attention op, per operand, the indices (in the count's list of records) of the
+            earlier products whose results reach it through ops that multiply no matrices (views, norms, activations,
+            rotary, residual additions): the data flow the split follows (:mod:`~pytest_attncost.roles`); :attr:`fed_by`
+            is their union.
+        backward_of: in a train-mode count, the index of the forward record a backward op differentiates (-1 when none
+            was counted); None for forward ops.
         weights: the elements of its operands that are parameters (the weights it reads).
-        keeps: for the records of a FlexAttention core (forward and backward), ``(kept, all)``: the
-            (batch, head, query, key) positions its ``mask_mod`` keeps of all it spans, evaluated while
-            counting under ``causal="half"`` or ``"kept"``; None elsewhere. Its MACs over the kept pairs
-            are ``macs * kept // all``.
+        keeps: for the records of a FlexAttention core (forward and backward), ``(kept, all)``: the (batch, head, query,
+            key) positions its ``mask_mod`` keeps of all it spans, evaluated while counting under ``causal="half"`` or
+            ``"kept"``; None elsewhere. Its MACs over the kept pairs are ``macs * kept // all``.
     """
 
     op: str

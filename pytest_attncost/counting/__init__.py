@@ -1,13 +1,5 @@
-"""The counters, and the one interface over them: :func:`count` and its fallback chain.
-
-Two backends count a forward pass on a twin of the model (:mod:`.twin`): fvcore's jit trace
-(:mod:`.jit`, the default) and torch's ``FlopCounterMode`` at the dispatcher on fake tensors
-(:mod:`.dispatch`). Both keep a record of every op (:class:`~pytest_attncost.ops.OpRecord`), label
-attention products with the masks applied to them (:mod:`.masks`) and count repeated layers once
-(:mod:`.repeats`). When fvcore cannot trace a model, :func:`count` falls back to the torch backend
-on fake tensors, then on real ones at small n; when fvcore sees custom autograd Functions as opaque
-ops, the torch backend looks inside them. Each step says what it did.
-"""
+"""The counters, and the one interface over them: :func:`count` and its fallback chain (fvcore, then torch on
+fake tensors, then on real ones at small n; docs/architecture.md, docs/second-opinion.md ``fallback=True``)."""
 
 from __future__ import annotations
 
@@ -150,10 +142,8 @@ def _fallback(target: nn.Module, built: Built, first: CountError, masks: Mapping
 
 def _look_inside(target: nn.Module, raw: RawCount, built: Built, masks: Mapping[str, Any] | None,
                  fallback: bool) -> Counted:
-    """fvcore traced custom autograd Functions as opaque ops: the torch backend, which sees inside them,
-    tells whether they hide products. None hidden (Bloom's GELU, a masked softmax): fvcore's count stands.
-    Some hidden (YOSO's attention): the torch backend's count, as a fallback that says why; a warning where
-    the Functions could not be looked into."""
+    """fvcore saw custom autograd Functions as opaque ops: the torch backend tells whether they hide products
+    (docs/second-opinion.md); a warning where it could not look inside."""
     def products(count: RawCount) -> int:
         return sum(r.macs for r in count.records if is_product(r.op) or is_fused(r.op))
 

@@ -1,13 +1,6 @@
-"""The torch backend: torch's ``FlopCounterMode`` at the dispatcher, on fake tensors (no memory, no
-arithmetic), with a recorder that gives every op the scope, origin and mask label fvcore's records have.
-
-Backward products (``mode="train"``) take the scope, origin and mask of the forward op they
-differentiate; forward ops that activation checkpointing runs again inside the backward are kept apart
-(:attr:`~pytest_attncost.ops.RawCount.recompute`), each matched to the forward op it repeats; products
-torch has no formula for are listed as unsupported. A count for several lengths at once
-(:mod:`~pytest_attncost.one_run`) runs here too: sizes are then one-run SymInts and :func:`at_lengths`
-splits the records per length.
-"""
+"""The torch backend: torch's ``FlopCounterMode`` at the dispatcher, on fake tensors, with a recorder that gives
+every op the scope, origin and mask label fvcore's records have. Train mode and checkpointing: docs/split.md;
+several lengths at once (:mod:`~pytest_attncost.one_run`, split per length by :func:`at_lengths`): docs/sweeps.md."""
 
 from __future__ import annotations
 
@@ -49,16 +42,6 @@ _TORCH_MULTIPLYING = re.compile(
 _NOT_MULTIPLYING = re.compile(r"(prepack|unpack|_backward_data$|^linear_backward$)")
 
 
-def _torch_op(packet: Any) -> str:
-    """``aten.mm`` -> ``aten::mm`` (the names fvcore's records use)."""
-    return str(packet).replace(".", "::", 1)
-
-
-def _multiplies(op: str) -> bool:
-    name = op.split("::", 1)[-1]
-    return not _NOT_MULTIPLYING.search(name) and bool(_TORCH_MULTIPLYING.search(name))
-
-
 # Formulas in FLOPs (2 per MAC), as torch's registry returns them; they take the op's arguments.
 def _from_table(op: str) -> Callable[..., int]:
     """A formula for *op* from the op table's MACs of its operands' shapes."""
@@ -79,7 +62,6 @@ def _sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = Non
 def _sdpa_backward_flops(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_val: Any = None,
                          **kwargs: Any) -> int:
     from torch.utils.flop_counter import sdpa_backward_flop_count
-
     return int(sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape))
 
 
@@ -108,22 +90,14 @@ _NOTHING: frozenset[int] = frozenset()
 
 
 class _TorchRecorder:
-    """Scopes, origins, masks and records for :func:`count_forward_torch`.
-
-    A forward op takes the scope of the innermost module being called; a backward op, the scope, origin and mask of
-    the forward op whose autograd node it runs under (a Linear's weight gradient is a product of its parameter;
-    QK^T's and AV's, of activations under the same mask), else the innermost module whose call made that node (by
-    autograd sequence numbers). Nothing depends on set order or hash seeds.
-
-    Activation checkpointing re-runs forward ops inside the backward with grad enabled, which a backward op has only
-    in a double backward (:func:`_recomputing`): such an op is kept apart as the forward op it repeats
-    (:meth:`_replayed`), and the nodes it creates (the reentrant kind's backward runs on them) map to that op.
-    """
+    """Scopes, origins, masks and records for :func:`count_forward_torch`. A backward op takes those of the forward
+    op whose autograd node it runs under, else the innermost module whose call made that node (by sequence numbers);
+    a recomputed op (:func:`_recomputing`) is kept apart as the forward op it repeats (:meth:`_replayed`). Nothing
+    depends on set order or hash seeds."""
 
     def __init__(self, model: nn.Module, how: _How) -> None:
         from torch._C._autograd import _get_sequence_nr
         from torch.utils.weak import WeakTensorKeyDictionary
-
         self.sequence_nr = _get_sequence_nr
         self.records: list[OpRecord] = []
         self.unsupported: Counter[str] = Counter()
@@ -242,10 +216,10 @@ class _TorchRecorder:
         return "param" if "param" in found else "buffer" if "buffer" in found else "activation"
 
     def observe(self, packet: Any, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any], formula: Any) -> None:
-        op = _torch_op(packet)
+        op = str(packet).replace(".", "::", 1)  # aten.mm -> aten::mm, the names fvcore's records use
         node = torch._C._current_autograd_node()
         if formula is None:
-            if _multiplies(op):
+            if not _NOT_MULTIPLYING.search(short(op)) and _TORCH_MULTIPLYING.search(short(op)):
                 self.unsupported[op] += 1
             if node is None:
                 self._track(op, out, args, kwargs, self._reached(args, kwargs))
@@ -438,10 +412,9 @@ def count_forward_torch(
 ) -> RawCount:
     """Count with torch's ``FlopCounterMode`` at the dispatcher, on fake tensors (no memory, no arithmetic).
 
-    *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the
-    outputs), so backward products are counted as executed, each in the scope (and with the
-    origin and mask) of the forward op it differentiates. FLOPs are halved into MACs.
-    Products torch has no formula for are listed in ``unsupported_ops``.
+    *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the outputs), so backward
+    products are counted as executed, each in the scope (and with the origin and mask) of the forward op it
+    differentiates. FLOPs are halved into MACs. Products torch has no formula for are listed in ``unsupported_ops``.
 
     Args:
         buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`).
@@ -587,7 +560,6 @@ class _Einsums(TorchFunctionMode):
 def _mode(fake: bool, swept: bool) -> Any:
     """Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
     if not fake:
         return contextlib.nullcontext()
     if not swept:

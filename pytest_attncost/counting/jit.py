@@ -1,12 +1,6 @@
-"""The fvcore backend: ``FlopCountAnalysis`` traces the twin with ``torch.jit``, and a record is kept of
-every op it counts.
-
-fvcore's handles count the products it knows; this module adds what it lacks: handles for fused
-attention (fvcore logs ``aten::scaled_dot_product_attention`` as unsupported and counts 0) and the
-products the op table marks as counted from the table (``baddbmm``, ``mv``, ``vdot``, ``_int_mm``, ...),
-an exact einsum (fvcore's rounds to 4 significant digits), a record per op (module scope, MACs, shapes,
-whether an operand is a parameter), and a mask label on every attention product, read from the traced graph.
-"""
+"""The fvcore backend: ``FlopCountAnalysis`` traces the twin with ``torch.jit``, and a record is kept of every op
+it counts. Added here: handles for fused attention (fvcore counts 0) and the op table's products fvcore lacks, an
+exact einsum (docs/conventions.md), and a mask label on every attention product, read from the traced graph."""
 
 from __future__ import annotations
 
@@ -63,7 +57,6 @@ def _einsum_macs(inputs: list[Any], outputs: list[Any]) -> int:
     """Exactly what torch runs: its own einsum on empty meta operands, under its FLOP counter (fvcore's handle
     rounds to 4 significant digits: 16,778,000 for 16,777,216)."""
     from torch.utils.flop_counter import FlopCounterMode
-
     equation = inputs[0].toIValue()
     listed = inputs[1].node()
     if listed.kind() != "prim::ListConstruct" or not isinstance(equation, str):
@@ -395,39 +388,30 @@ def count_forward(
 ) -> RawCount:
     """Trace ``model(*args, **kwargs)`` with fvcore and return every op's record.
 
-    *model* must already be a twin (see :func:`meta_twin`): it is hooked and traced.
-    The user's global module hooks are set aside meanwhile (they must not fire).
+    *model* must already be a twin (see :func:`meta_twin`): it is hooked and traced. The user's global module hooks are
+    set aside meanwhile (they must not fire).
 
     Args:
-        buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`),
-            so that ``masked_fill(self.tril[:T, :T] == 0, -inf)`` is recognised as causal.
+        buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`), so that
+            ``masked_fill(self.tril[:T, :T] == 0, -inf)`` is recognised as causal.
 
     Raises:
         CountError: the tracer could not run the model; the message carries its reason.
     """
     refuse_scripted(model)
+    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves((args, kwargs))]
     with no_global_hooks():
-        return _count_forward(model, args, kwargs, buffer_masks)
-
-
-def _all_meta(model: nn.Module, values: Any) -> bool:
-    """No values anywhere: nothing a layer does can depend on data."""
-    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves(values)]
-    return all(t.is_meta for t in leaves if isinstance(t, torch.Tensor))
-
-
-def _count_forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   buffer_masks: Mapping[str, Pattern] | None) -> RawCount:
-    if repeats.SHORTCUT.get() and _all_meta(model, (args, kwargs)):
-        layers = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
-        if layers:
-            try:
-                return _trace(model, args, kwargs, buffer_masks, layers)
-            except NotRepeating:
-                drop_hooks(model)  # the harness's (and, after a failed trace, fvcore's) hooks
-            finally:
-                layers.undo()
-    return _trace(model, args, kwargs, buffer_masks, None)
+        # all on meta: no values anywhere, so nothing a layer does can depend on data
+        if repeats.SHORTCUT.get() and all(t.is_meta for t in leaves if isinstance(t, torch.Tensor)):
+            layers = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
+            if layers:
+                try:
+                    return _trace(model, args, kwargs, buffer_masks, layers)
+                except NotRepeating:
+                    drop_hooks(model)  # the harness's (and, after a failed trace, fvcore's) hooks
+                finally:
+                    layers.undo()
+        return _trace(model, args, kwargs, buffer_masks, None)
 
 
 _MARKER = "<repeat>"  # where a copied layer was called, in graph order
@@ -535,8 +519,7 @@ def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], buff
 def _untraceable(model: nn.Module, exc: Exception) -> CountError:
     """The tracer's failure in the user's words: its reason, and the fix."""
     reason = f"{type(exc).__name__}: {exc}".strip()
-    if len(reason) > 600:
-        reason = reason[:600] + " ..."
+    reason = reason[:600] + " ..." if len(reason) > 600 else reason
     if "Storage size calculation overflowed" in reason:
         return CountError(
             f"the length is too large to trace {type(model).__name__}: {reason} (torch cannot "
@@ -579,13 +562,9 @@ def _placement(records: list[OpRecord], stubs: Mapping[str, Run], second_of: Map
 
 
 def _expand_markers(records: list[OpRecord], layers: Repeats, by_module: dict[str, int]) -> tuple[list[OpRecord], int]:
-    """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module.
-
-    Sources move with the records (:meth:`.repeats.Copy.transported`); what reached a marker reaches the copy's
-    records that the second layer's output came from.
-
-    Raises NotRepeating if the first two layers' records differ, or a copied layer left no marker.
-    """
+    """Put the second layer's records (renamed) at each copied layer's marker; add its MACs to by_module. Sources
+    move with the records (:meth:`.repeats.Copy.transported`). Raises NotRepeating if the first two layers' records
+    differ, or a copied layer left no marker."""
     stubs = layers.stub_of()
     first_of: dict[str, list[int]] = {}  # second layer -> the first layer's records
     second_of: dict[str, list[int]] = {}  # second layer -> its own records

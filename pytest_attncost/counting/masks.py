@@ -31,9 +31,6 @@ __all__ = ["MASK_PASS", "Pattern", "Patterns", "SCORE_MASKING", "SCORE_PASS", "a
 Pattern = tuple[tuple[Any, ...], Any]  # (position set, fill value or None)
 
 
-_CAUSAL_MASKED = ("upper", 1)  # the positions a causal mask removes: j > i
-
-
 _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "expand_as", "unsqueeze", "squeeze", "contiguous", "clone", "to",
           "_to_copy", "type_as", "detach", "alias", "float", "half", "bfloat16", "view_as", "reshape_as"}
 MASK_PASS = frozenset(_VIEWS | {"lift_fresh", "lift_fresh_copy", "bool"})
@@ -121,7 +118,8 @@ def mask_transfer(op: str, ins: list[Any]) -> Pattern | None:
 
 
 def _label(masked: tuple[Any, ...] | None) -> str:
-    return MASK_NONE if masked == ("none",) else MASK_CAUSAL if masked == _CAUSAL_MASKED else MASK_UNKNOWN
+    # ("upper", 1): the positions a causal mask removes, j > i
+    return MASK_NONE if masked == ("none",) else MASK_CAUSAL if masked == ("upper", 1) else MASK_UNKNOWN
 
 
 def _additive(mask: Any) -> str:
@@ -148,11 +146,8 @@ def masking_label(op: str, ins: list[Any], flow: int) -> str:
 
 
 def sdpa_label(is_causal: Any, has_mask: bool, attn_mask: Any, mask_is_bool: bool | None) -> str:
-    """``is_causal=True`` or a causal ``attn_mask`` (bool: True = attend; float: added to the scores).
-
-    *attn_mask* is the mask's Pattern, None when its form is unknown; *has_mask* says whether
-    one is passed at all.
-    """
+    """``is_causal=True`` or a causal ``attn_mask`` (bool: True = attend; float: added to the scores). *attn_mask* is
+    the mask's Pattern, None when its form is unknown; *has_mask* says whether one is passed at all."""
     if not has_mask:
         return MASK_CAUSAL if is_causal is True else MASK_NONE if is_causal in (False, None) else MASK_UNKNOWN
     if mask_is_bool and isinstance(attn_mask, tuple):
@@ -176,7 +171,6 @@ class Patterns:
 
     def __init__(self, known: Mapping[int, Pattern] | None = None) -> None:
         from torch.utils.weak import WeakTensorKeyDictionary
-
         self.found: Any = WeakTensorKeyDictionary()
         self.known = dict(known or {})  # id(tensor) -> pattern (a model's mask buffers, held by the model)
 
@@ -230,11 +224,8 @@ def remember(model: nn.Module, patterns: Patterns) -> None:
 def buffer_masks(model: nn.Module) -> dict[str, Pattern]:
     """Buffers of *model* (the original, with values) that hold a triangular mask, by dotted name.
 
-    A twin's buffers are empty meta tensors, so the form of a registered mask
-    (``register_buffer("tril", torch.tril(torch.ones(n, n)))``) is read here, from
-    the user's model, and handed to :func:`count_forward` / :func:`count_forward_torch`
-    as ``buffer_masks=``. Only square masks (leading dimensions of size 1) whose
-    non-zero entries form ``tril`` or ``triu(diagonal=1)`` are kept. A model a factory built on the
+    A twin's buffers are empty meta tensors, so the form of a registered mask is read here, from the user's model
+    (square masks whose non-zero entries form ``tril`` or ``triu(diagonal=1)``). A model a factory built on the
     meta device has no values: its buffers' patterns were followed while it was built (:func:`recording`).
     """
     found: dict[str, Pattern] = dict(_BUILT.get(model, {}))  # built on the meta device: read while built

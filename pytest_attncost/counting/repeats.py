@@ -1,25 +1,6 @@
-"""Repeated layers: trace two, count the rest as copies of the second.
-
-Transformer layers repeat. In a run of three or more consecutive elements of a ModuleList /
-Sequential that are built alike (classes, parameter and buffer shapes, settings), the first
-two are traced in full and every later one, called with inputs equivalent to the second's,
-returns the second's output and is counted as a copy of the second's records. The copy is
-exact because, with the same code, settings and inputs, a layer runs the same ops on the same
-shapes; every assumption is checked, and anything unchecked runs in full:
-
-* settings that differ between the layers (``layer_idx``, ``attention_type``, ...) are
-  watched: if the two traced layers read one, the whole count is redone in full;
-* inputs: the non-tensor ones equal, the tensors the same objects the second layer got,
-  except the one tensor that changes from layer to layer (the hidden states), which must
-  match in shape, dtype, strides and device; a layer called otherwise runs in full;
-* the first two layers must produce the same records (scopes renamed), so that where a
-  layer's input comes from (embeddings or another layer) changes nothing;
-* each layer of the run is called at most once, the first two exactly once, in order.
-
-Only on meta / fake tensors (no values, so nothing can depend on them) and forward passes.
-The backends (:mod:`.jit`, :mod:`.dispatch`) say what a copy is: the :class:`Repeats` of one
-count calls their ``on_stub`` for every copied layer.
-"""
+"""Repeated layers: trace two, count the rest as copies of the second; every assumption checked, anything
+unchecked runs in full (docs/performance.md, "What the repeated-layer shortcut checks"). The backends
+(:mod:`.jit`, :mod:`.dispatch`) say what a copy is: :class:`Repeats` calls their ``on_stub`` per copied layer."""
 
 from __future__ import annotations
 
@@ -242,33 +223,30 @@ class Repeats:
 
     def _matches(self, run: Run, args: Any, kwargs: Any) -> bool:
         try:
-            return self._alike(run, args, kwargs)
+            if len(run.calls) != 2:
+                return False
+            (leaves0, spec0, _, _, end0, *_), (leaves1, spec1, _, start1, *_) = run.calls
+            if end0 >= start1 or spec0 != spec1:
+                return False  # nested calls, or the second layer called another way
+            if run.chained is None:
+                moving = [i for i, (a, b) in enumerate(zip(leaves0, leaves1)) if a is not b]
+                if (len(moving) != 1 or not isinstance(leaves1[moving[0]], torch.Tensor)
+                        or any(leaves1[moving[0]] is leaf for leaf in leaves0)
+                        or not all(_same(a, b) for a, b in zip(leaves0, leaves1)
+                                   if not isinstance(a, torch.Tensor) and a is not b)):
+                    return False
+                run.chained = moving[0]
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            if spec != spec1:
+                return False
+            mine, theirs = leaves[run.chained], leaves1[run.chained]
+            return (all(a is b or not isinstance(b, torch.Tensor) and _same(a, b)
+                        for position, (a, b) in enumerate(zip(leaves, leaves1)) if position != run.chained)
+                    and type(mine) is type(theirs) and mine.shape == theirs.shape and mine.dtype == theirs.dtype
+                    and mine.device == theirs.device and mine.stride() == theirs.stride()
+                    and mine.requires_grad == theirs.requires_grad and mine.layout == theirs.layout)
         except Exception:  # noqa: BLE001 - inputs that cannot be compared: this layer runs in full
             return False
-
-    def _alike(self, run: Run, args: Any, kwargs: Any) -> bool:
-        if len(run.calls) != 2:
-            return False
-        (leaves0, spec0, _, _, end0, *_), (leaves1, spec1, _, start1, *_) = run.calls
-        if end0 >= start1 or spec0 != spec1:
-            return False  # nested calls, or the second layer called another way
-        if run.chained is None:
-            moving = [i for i, (a, b) in enumerate(zip(leaves0, leaves1)) if a is not b]
-            if (len(moving) != 1 or not isinstance(leaves1[moving[0]], torch.Tensor)
-                    or any(leaves1[moving[0]] is leaf for leaf in leaves0)
-                    or not all(_same(a, b) for a, b in zip(leaves0, leaves1)
-                               if not isinstance(a, torch.Tensor) and a is not b)):
-                return False
-            run.chained = moving[0]
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        if spec != spec1:
-            return False
-        mine, theirs = leaves[run.chained], leaves1[run.chained]
-        return (all(a is b or not isinstance(b, torch.Tensor) and _same(a, b)
-                    for position, (a, b) in enumerate(zip(leaves, leaves1)) if position != run.chained)
-                and type(mine) is type(theirs) and mine.shape == theirs.shape and mine.dtype == theirs.dtype
-                and mine.device == theirs.device and mine.stride() == theirs.stride()
-                and mine.requires_grad == theirs.requires_grad and mine.layout == theirs.layout)
 
     def check(self) -> None:
         """After the count: raise NotRepeating if a copy made cannot stand."""

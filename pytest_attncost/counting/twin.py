@@ -64,7 +64,6 @@ def no_global_hooks() -> Iterator[None]:
     """Set the user's global module hooks aside while counting, and put them back, even on error: in place (their
     handles hold the dictionaries), so a hook removed later by its handle is still removed."""
     from torch.nn.modules import module as module_mod
-
     found = (getattr(module_mod, name, None) for name in _GLOBAL_HOOK_DICTS)
     saved = [(hooks, dict(hooks)) for hooks in found if hooks is not None]
     for hooks, _ in saved:
@@ -83,9 +82,8 @@ def no_global_hooks() -> Iterator[None]:
 def meta_twin(model: nn.Module) -> nn.Module:
     """A deep copy of *model* whose parameters and buffers are empty meta tensors.
 
-    The copy shares nothing with the original: tied weights stay tied to each
-    other, the ``training`` flags are kept, and every hook is dropped (the user's
-    hooks must neither fire during counting nor be copied into the count).
+    The copy shares nothing with the original: tied weights stay tied to each other, the ``training`` flags are kept,
+    and every hook is dropped (the user's hooks must neither fire during counting nor be copied into the count).
     """
     refuse_scripted(model)
     memo: dict[int, Any] = graph_metadata(model)
@@ -159,11 +157,10 @@ def _quantized_stand_in(module: nn.Module) -> nn.Module | None:
     """A meta ``nn.Linear`` of the same shape for a dynamically quantized Linear, whose packed int8 weight cannot
     live on the meta device: the twin counts the same ``[.., in] @ [in, out]`` as an ``aten::linear``."""
     from torch.ao.nn.quantized import dynamic as qdynamic
-
     if not isinstance(module, qdynamic.Linear):
         return None
-    bias = module.bias() is not None
-    return nn.Linear(module.in_features, module.out_features, bias=bias, device="meta").requires_grad_(False)
+    return nn.Linear(module.in_features, module.out_features, bias=module.bias() is not None,
+                     device="meta").requires_grad_(False)
 
 
 def drop_hooks(clone: nn.Module) -> None:
