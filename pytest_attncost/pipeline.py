@@ -1,14 +1,6 @@
-"""A model made a :class:`~pytest_attncost.result.Profile`, in four steps.
+"""A model made a :class:`~pytest_attncost.result.Profile`: setup, count, place, assemble.
 
-1. **setup** (:meth:`Setup.of`): the twin, and what is read from the model before counting: mask
-   buffers, what modules say of causality, containers, experts, notes.
-2. **count** (:func:`pytest_attncost.counting.count`): the records, with the fallback chain.
-3. **place** (:func:`place`): the split into attention_core, attention_proj, ffn and other, with the
-   spec corrected by what the structure shows.
-4. **assemble** (:func:`assemble`): n and batch read back from the inputs, the formulas, the warnings.
-
-Errors raised from step 1 on carry the model's name (:func:`~pytest_attncost.errors.named`). A
-sweep counted in one run (:func:`sweep_in_one_run`) shares one setup between its lengths.
+docs/architecture.md, "The pipeline's four steps". A one-run sweep shares one setup between its lengths.
 """
 
 from __future__ import annotations
@@ -299,10 +291,8 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
         notes.append(RECOMPUTE_NOTE.format(macs=sum(placement.recompute.values()), parts=", ".join(
             f"{part} {macs:,}" for part, macs in placement.recompute.items()), forward=placement.forward_macs))
     ran = inputs.Ran(target, built, spec, parts)
-    if decoding:
-        n, batch = inputs.decode_lengths(ran, request)
-    else:
-        n, batch = inputs.read_lengths(ran, request)
+    n, batch = (inputs.decode_lengths if decoding else inputs.read_lengths)(ran, request)
+    if not decoding:
         folded = inputs.folded_sequences(ran, batch)
         if folded is not None and request.spec_read:
             notes.append(SPEC_NOTE.format(why=FOLDED_NOTE.format(sequences=folded, n=n, batch=batch)))
@@ -333,8 +323,7 @@ def assemble(setup: Setup, counted: Counted, placement: Placement, built: inputs
     warnings += [warning for scope, warning in counted.unread if scope in parts.unknown_masks]
     if (flat := counting.unscoped(target)) is not None:
         warnings.append(flat)
-    unmatched = [r for r in raw.recompute if r.backward_of is not None and r.backward_of < 0]
-    if unmatched:
+    if unmatched := [r for r in raw.recompute if r.backward_of is not None and r.backward_of < 0]:
         scopes = ", ".join(dict.fromkeys(r.scope or "the model" for r in unmatched))
         warnings.append(UNMATCHED_RECOMPUTE_WARNING.format(macs=sum(r.macs for r in unmatched), scopes=scopes))
     if result.kv_cache_bytes == 0:
@@ -353,13 +342,10 @@ def _formula_warnings(result: Profile) -> list[str]:
     expected = result.formula
     if expected is None:
         return []
-    found = []
-    for part in COMPONENTS:
-        measured, want = result.in_layers(part), getattr(expected, part)
-        if measured != want:
-            found.append(FORMULA_WARNING.format(part=part, measured=measured, expected=want,
-                                                deviation=(measured - want) / want if want else 1.0))
-    return found
+    pairs = [(part, result.in_layers(part), getattr(expected, part)) for part in COMPONENTS]
+    return [FORMULA_WARNING.format(part=part, measured=measured, expected=want,
+                                   deviation=(measured - want) / want if want else 1.0)
+            for part, measured, want in pairs if measured != want]
 
 
 def _module_rows(setup: Setup, assigned: Mapping[str, str], structure: roles_mod.Structure | None
@@ -367,8 +353,7 @@ def _module_rows(setup: Setup, assigned: Mapping[str, str], structure: roles_mod
     """Every module's class, parameters and role, for Profile.table()."""
     layers = tuple(structure.layers) if structure is not None else ()
     key = (tuple(assigned.items()), layers)  # a sweep's lengths mostly find the same roles
-    rows = setup.rows.get(key)
-    if rows is None:
+    if (rows := setup.rows.get(key)) is None:
         rows = setup.rows[key] = {
             name: (kind, size, "layer" if name in layers else roles_mod.role_of(name, assigned) or "other")
             for name, (kind, size) in setup.sizes.items()}
@@ -382,11 +367,8 @@ _BUILT_IN_IMPLEMENTATIONS = (None, "eager", "sdpa", "batched_mm", "grouped_mm")
 
 
 def _library_code(twin: nn.Module) -> bool:
-    """Whether every module runs torch's or transformers' own forward, with their own attention and experts.
-
-    That code is written to run with symbolic sizes (torch.compile, torch.export with dynamic lengths):
-    it decides on sizes' values, which a one-run sweep checks, never on their type.
-    """
+    """Whether every module runs torch's or transformers' own forward, attention and experts: code written for
+    symbolic sizes, which decides on sizes' values (a one-run sweep checks them), never on their type."""
     for module in twin.modules():
         if type(module).__module__.split(".")[0] not in ("torch", "transformers") or "forward" in vars(module):
             return False
@@ -408,12 +390,8 @@ def _one_run_takes(request: Request) -> bool:
 
 
 def _unit_sizes(raw: RawCount) -> tuple[bool, ...]:
-    """Which sizes of the records' operands and results are 1: all the structure reads of a size.
-
-    The k counts of one run have the same records but for their sizes and MACs (counting.at_lengths); the
-    structure (roles.find_structure) reads the sizes' number and whether one is 1 (a product of vectors
-    makes a table), the MACs only in its warnings' text.
-    """
+    """Which sizes of the records' operands and results are 1: all roles.find_structure reads of a size (their
+    number, and whether one is 1); one run's counts differ only in sizes and MACs (counting.at_lengths)."""
     return tuple(size == 1 for record in raw.records for shape in (*record.shapes, record.out_shape)
                  for size in shape)
 
@@ -424,8 +402,7 @@ def _structures(setup: Setup, raws: list[RawCount]) -> list[roles_mod.Structure]
     found: dict[tuple[bool, ...], roles_mod.Structure] = {}
     structures = []
     for raw in raws:
-        key = _unit_sizes(raw)
-        structure = found.get(key)
+        structure = found.get(key := _unit_sizes(raw))
         if structure is None or structure.warnings:
             structure = found[key] = roles_mod.find_structure(raw.records, setup.containers, setup.experts,
                                                               raw.outputs)
@@ -435,13 +412,10 @@ def _structures(setup: Setup, raws: list[RawCount]) -> list[roles_mod.Structure]
 
 def sweep_in_one_run(target: nn.Module, request: Request) -> list[Profile] | None:
     """The torch backend's sweep: every length of *request* counted in one run (see one_run.py), then placed and
-    assembled as :func:`run` does; None where that cannot be (:func:`_one_run_takes`, or a length the run cannot
-    stand for), and the lengths are counted one at a time, which also gives any error its usual message.
-    """
+    assembled as :func:`run` does; None where that cannot be, and the lengths are counted one at a time."""
     if not one_run.POSSIBLE or not _one_run_takes(request):
         return None
-    keys = cache.cache_keys(target, request)
-    cached = [cache.lookup(key) for key in keys]
+    cached = [cache.lookup(key) for key in (keys := cache.cache_keys(target, request))]
     if all(found is not None for found in cached):
         return cached  # type: ignore[return-value]
     given, lengths = request.inputs, list(request.lengths)
