@@ -1,12 +1,4 @@
-"""What a forward pass takes, built once, and what n and batch it saw.
-
-:func:`build` makes the inputs of one count from what ``profile()`` was given: the family's default
-inputs for ``n`` on the meta device, or the user's own (a tuple, a dict, a tensor, or a callable
-``(n, batch)``), whose values are kept for the real-tensor fallback and for timing. A decode step's
-cache is copied afresh for every count (the forward appends to it). After the count,
-:func:`read_lengths` reads back the n and batch the inputs held (token ids, torch's
-``(batch, n, D)``) or, failing that, what the layers' attention saw.
-"""
+"""What a forward pass takes, built once, and what n and batch it saw (docs/architecture.md, "Inputs")."""
 
 from __future__ import annotations
 
@@ -35,18 +27,12 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 @dataclass(frozen=True)
 class Built:
-    """The inputs of one count.
-
-    Attributes:
-        args, kwargs: what the twin is called with (meta tensors).
-        given: the user's own inputs with their values, as given (None for default inputs).
-        decoding: a decode step: every count gets a fresh copy of the cache.
-    """
+    """The inputs of one count: what the twin is called with (meta tensors)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    given: Call | None = None
-    decoding: bool = False
+    given: Call | None = None  # the user's own inputs with their values, as given (None for default inputs)
+    decoding: bool = False  # a decode step: every count gets a fresh copy of the cache
 
     def call(self) -> Call:
         """The inputs for one count (a decode step's cache copied afresh)."""
@@ -77,7 +63,7 @@ NESTED_INPUTS = ("inputs= hold a nested (jagged) tensor of {count} sequences: ne
 
 
 def build(target: nn.Module, request: Request) -> Built:
-    """The inputs of a count of *target* for *request* (see the module docstring).
+    """The inputs of a count of *target* for *request* (docs/architecture.md, "Inputs").
 
     Raises:
         ProfileError: the inputs cannot be built or are not of a form profile() takes.
@@ -88,8 +74,7 @@ def build(target: nn.Module, request: Request) -> Built:
             args, kwargs = families.decode_inputs(target, n, request.new_tokens, batch)  # type: ignore[arg-type]
             return Built(args, kwargs, decoding=True)
         given = user_inputs(inputs, n, batch)
-        args, kwargs = fresh(*given)  # the cache's tensors too, not only pytree leaves
-        return Built(args, kwargs, given, decoding=True)
+        return Built(*fresh(*given), given, decoding=True)  # the cache's tensors too, not only pytree leaves
     if inputs is None:
         return Built(*families.default_inputs(target, n, batch, request.m))
     given = user_inputs(inputs, n, batch)
@@ -138,13 +123,9 @@ def user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...]
 
 
 def read_lengths(ran: Ran, request: Request) -> tuple[int, int]:
-    """n and batch from the inputs: default inputs were built for n; the user's hold their own.
-
-    The token dimension of the main input decides where it can be told (token ids, torch's
-    Transformer modules); otherwise the queries the layers' attention saw (patch models).
-    Block-sparse, chunked or pooled attention may run its products on fewer rows: that is
-    not a different n.
-    """
+    """n and batch from the inputs: default inputs were built for n; the user's hold their own (the main input's
+    token dimension, else the queries the layers' attention saw). Attention run on fewer rows (block-sparse,
+    chunked, pooled) is not a different n."""
     n, batch = request.n, request.batch
     shape = token_shape(ran.target, ran.built.args, ran.built.kwargs)
     tokens = None if shape is None else shape[1]
@@ -224,9 +205,7 @@ def _held_batch(ran: Ran, request: Request, shape: tuple[int, int] | None, n: in
     attention's leading dimensions [b, h, n, d] or [b*h, n, d] over the spec's heads, else the first
     dimension of the float inputs ``(b, n, ...)`` whose second is the n the attention saw."""
     args, kwargs, spec, parts = ran.built.args, ran.built.kwargs, ran.spec, ran.parts
-    held = shape[0] if shape is not None else None
-    if held is None:
-        held = main_batch(ran.target, args, kwargs)
+    held = shape[0] if shape is not None else main_batch(ran.target, args, kwargs)
     if held is None and spec is not None and parts.lengths and parts.lengths[0][2] % spec.heads == 0:
         held = parts.lengths[0][2] // spec.heads
     if held is None and n is not None:
@@ -242,11 +221,8 @@ def _held_batch(ran: Ran, request: Request, shape: tuple[int, int] | None, n: in
 
 
 def decode_lengths(ran: Ran, request: Request) -> tuple[int, int]:
-    """A decode step's n and batch, after checking that the step ran ``new_tokens`` queries.
-
-    n is the cache's length, given (the inputs were built for it); the queries are the main
-    input's token dimension where it can be told, else the query length the layers' attention saw.
-    """
+    """A decode step's n (the cache's length, given) and batch, after checking that the step ran ``new_tokens``
+    queries (the main input's token dimension, else the query length the layers' attention saw)."""
     n, new_tokens, parts = request.n, request.new_tokens, ran.parts
     shape = token_shape(ran.target, ran.built.args, ran.built.kwargs)
     queries = shape[1] if shape is not None else _common_queries(parts)
@@ -274,12 +250,8 @@ def _common_queries(parts: Split) -> int | None:
 
 
 def token_shape(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
-    """``(batch, n)`` of the main input, where it can be told without running the model.
-
-    Token ids ``(batch, n)`` (the model's ``main_input_name``, or the first integer tensor),
-    or torch's Transformer modules' ``(batch, n, D)`` / ``(n, batch, D)``. None for images and
-    for float inputs of models whose layout is unknown.
-    """
+    """``(batch, n)`` of the main input without running the model: token ids (``main_input_name``, or the first
+    integer tensor), or torch's Transformer modules' ``(batch, n, D)`` / ``(n, batch, D)``; else None."""
     main = kwargs.get(getattr(model, "main_input_name", "input_ids"))
     candidates = [main] if isinstance(main, torch.Tensor) else []
     candidates += [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
@@ -327,11 +299,8 @@ def _tensors_in(value: Any, found: dict[int, torch.Tensor], depth: int = 0, seen
 
 
 def fresh(args: tuple[Any, ...], kwargs: dict[str, Any], *, meta: bool = True) -> Call:
-    """A copy of the step's inputs whose caches have not run yet: tensors on the meta device (or cloned).
-
-    The forward appends to the cache, so a second count (the fallback, a cross-check) must
-    not see the first one's keys.
-    """
+    """A copy of the step's inputs whose caches have not run yet: tensors on the meta device (or cloned). The
+    forward appends to the cache: a second count (the fallback, a cross-check) must not see the first's keys."""
     return remade((args, kwargs), lambda tensor: torch.empty_like(tensor, device="meta") if meta else tensor.clone())[0]
 
 
@@ -346,12 +315,8 @@ def remade(call: Call, make: Callable[[torch.Tensor], Any]) -> tuple[Call, dict[
 
 
 def cache_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """Bytes of every tensor held by a cache object among the inputs (not the inputs' own tensors).
-
-    Tensors passed directly (token ids, positions) are not the cache; tensors reached through
-    another object (a ``Cache``'s layers, a custom cache's attributes) or a ``past_key_values``
-    tuple are.
-    """
+    """Bytes of every tensor held by a cache object among the inputs (a ``Cache``'s layers, a custom cache's
+    attributes, a ``past_key_values`` tuple), not the tensors passed directly (token ids, positions)."""
     held: dict[int, torch.Tensor] = {}
     for key, value in [*enumerate(args), *kwargs.items()]:
         if isinstance(value, torch.Tensor):

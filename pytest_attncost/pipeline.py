@@ -415,7 +415,8 @@ def sweep_in_one_run(target: nn.Module, request: Request) -> list[Profile] | Non
     assembled as :func:`run` does; None where that cannot be, and the lengths are counted one at a time."""
     if not one_run.POSSIBLE or not _one_run_takes(request):
         return None
-    cached = [cache.lookup(key) for key in (keys := cache.cache_keys(target, request))]
+    keys = cache.cache_keys(target, request)
+    cached = [cache.lookup(key) for key in keys]
     if all(found is not None for found in cached):
         return cached  # type: ignore[return-value]
     given, lengths = request.inputs, list(request.lengths)
