@@ -35,8 +35,6 @@ REAL_STEP_LIMIT = 2 * 10**9
 TOO_BIG_TO_RUN = ("measure_memory() runs the real step only when its estimated peak is under {limit:,} B; this one "
                   "is estimated at {peak:,} B: measure at a smaller n or batch (the estimate holds at any size)")
 NO_CUDA = "measure_memory(device={device!r}): no CUDA device here (torch.cuda.is_available() is False)"
-
-
 _OLD_TORCH = one_run.TORCH_VERSION < (2, 9)
 
 
@@ -87,9 +85,7 @@ def spec_of(model: nn.Module) -> ModelSpec | None:
     return families.spec_of(model)[0]
 
 
-def default_inputs(model: nn.Module, n: int | None, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs for known model kinds on the meta device (see :func:`families.default_inputs`)."""
-    return families.default_inputs(model, n, batch)
+default_inputs = families.default_inputs  # api.default_inputs stays importable
 
 
 def profile(
@@ -157,7 +153,6 @@ def profile(
         ProfileError: bad arguments, or a model that cannot be counted (the message
             says why and what to do).
     """
-    # long: the docstring documents every argument; the body is two lines
     request = Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend, mode=mode,
                          causal=causal, fallback=fallback, new_tokens=new_tokens, m=m)
     return _answered(*_opened(model, request), memory, optimizer)
@@ -187,9 +182,8 @@ def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: An
 
 def _counted(target: nn.Module, request: Request) -> tuple[Profile, Built | None]:
     """The profile *request* asks of *target*, and the inputs it was counted on (None: it came from the cache)."""
-    key = cache_key(target, request)
-    cached = lookup(key)  # None: not counted yet, uncacheable (key None), or the cache is off
-    if cached is not None:
+    # None: not counted yet, uncacheable (key None), or the cache is off
+    if (cached := lookup(key := cache_key(target, request))) is not None:
         return _hooks_named(cached, target), None
     with kept_torch_state():  # a forward that sets the default dtype or the threads leaves them as they were
         built = build(target, request)
@@ -202,8 +196,7 @@ def _counted(target: nn.Module, request: Request) -> tuple[Profile, Built | None
 def _hooks_named(result: Profile, target: nn.Module) -> Profile:
     """*result* with a note naming the user's hooks that the count dropped (the model's hooks now: the cache's
     key leaves hooks out, as the count does)."""
-    hooks = user_hooks(target)
-    if not hooks:
+    if not (hooks := user_hooks(target)):
         return result
     shown = ", ".join(hooks[:5]) + (f" and {len(hooks) - 5} more" if len(hooks) > 5 else "")
     return dataclasses.replace(result, notes=(*result.notes, HOOKS_NOTE.format(hooks=shown)))
@@ -299,12 +292,11 @@ def measure(
         ProfileError: anything :func:`profile` raises.
     """
     runs = timing.Runs(device, dtype, warmup, repeats, seed, threads)
-    request = Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend)
     model = _exported(model)
-    target, request = _opened(model, request)
+    target, request = _opened(model, Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
+                                                backend=backend))
     counted, built = _counted(target, request)
-    # a profile from the cache: its inputs, built once here
-    return timing.time_forward(counted, model, built or build(target, request), runs)
+    return timing.time_forward(counted, model, built or build(target, request), runs)  # cached: inputs built here
 
 
 def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None, inputs: Any = None,
