@@ -1,16 +1,6 @@
 """The cache key and the LRU: a repeated ``profile()`` of the same thing is served from memory.
 
-The key holds everything on the model that can decide a count (docs/fixture.md, "Repeats are free"): the
-module tree with each parameter's and buffer's shape, dtype, device type and ``requires_grad`` (never
-values); every attribute of every submodule (hooks and nn.Module's bookkeeping aside), described recursively
-up to :data:`MAX_DEPTH` and :data:`MAX_ITEMS`, functions by identity; every config reachable, with the
-private ``_attn_implementation`` / ``_experts_implementation`` its JSON omits; and the request (n, batch,
-the inputs' structure, roles, spec, name, options) with torch's MHA fast-path switch. What the key cannot
-describe makes the call uncacheable (:func:`cache_key` returns None); callable ``inputs=`` are never cached.
-
-It cannot see module globals and registries the forward reads, functions patched in other modules or on the
-model's class, or state closed over by a function stored on a module: after changing those, call
-:func:`clear_cache` or run with ``--attncost-no-cache``.
+What the key holds and cannot see: docs/architecture.md, "The profile cache's key".
 """
 
 from __future__ import annotations
@@ -69,8 +59,7 @@ def lookup(key: Hashable | None) -> Profile | None:
     """The cached profile for *key* (None: no key, the cache is off, or not counted yet)."""
     if key is None or not enabled:
         return None
-    found = _CACHE.get(key)
-    if found is not None:
+    if (found := _CACHE.get(key)) is not None:
         _CACHE.move_to_end(key)
     return found
 
@@ -147,8 +136,7 @@ class _Describer:
 
     def config(self, config: Any, depth: int) -> int:
         """Index of *config*'s description: its JSON and the private attributes the JSON omits."""
-        index = self.configs.get(id(config))
-        if index is not None:
+        if (index := self.configs.get(id(config))) is not None:
             return index
         index = len(self.config_parts)
         self.configs[id(config)] = index
@@ -211,8 +199,7 @@ def _inputs_key(inputs: Any) -> Hashable:
     from torch.utils import _pytree as pytree
 
     leaves, spec = pytree.tree_flatten(inputs)
-    describe = _Describer({})
-    return (str(spec), tuple(describe.attribute(leaf) for leaf in leaves))
+    return (str(spec), tuple(_Describer({}).attribute(leaf) for leaf in leaves))
 
 
 class _Hashed:
@@ -235,11 +222,8 @@ class _Hashed:
 
 
 def cache_key(target: nn.Module, request: Request) -> Hashable | None:
-    """Everything that decides a count; None when the call cannot be cached or the cache is off.
-
-    None for callable inputs, and for a model or inputs holding something the key cannot
-    describe (see the module docstring).
-    """
+    """Everything that decides a count; None when the call cannot be cached (callable inputs, something the key
+    cannot describe: docs/architecture.md, "The profile cache's key") or the cache is off."""
     return cache_keys(target, request)[0]
 
 
@@ -264,8 +248,7 @@ def cache_keys(target: nn.Module, request: Request) -> list[Hashable | None]:
     early_stop = getattr(sys.modules.get("torch.utils.checkpoint"), "_enable_checkpoint_early_stop", None)
     asked = (request.batch, request.batch_given, inputs_key, roles_key, request.spec_read, request.spec, request.name,
              request.backend, request.mode, request.causal, request.fallback, request.new_tokens, request.m)
-    fast_path = torch.backends.mha.get_fastpath_enabled()
-    return [_hashable((model_key, n, asked, fast_path, early_stop)) for n in ns]
+    return [_hashable((model_key, n, asked, torch.backends.mha.get_fastpath_enabled(), early_stop)) for n in ns]
 
 
 def _hashable(key: Hashable) -> Hashable | None:
