@@ -1,14 +1,6 @@
 """The errors a user of the API sees: one type, whose message names the problem and the fix.
 
-:class:`ProfileError` is raised by ``profile()``, ``sweep()``, ``decode_sweep()`` and ``measure()``
-for bad arguments and for models that cannot be counted; :class:`CountError` is the subclass
-raised where a counter failed, :class:`TimingError` where a timed run could not be made. The
-model's name is put in front of the message in one place (:func:`named`), by the pipeline; where a
-model's own forward failed, :func:`site` and :func:`hint` say where and why, from the traceback.
-
-Every module of the package imports ``errors.hidden as __tracebackhide__``: pytest then leaves the package's
-frames out of a failure (the user's frames show), unless the plugin failed in its own code (see
-:func:`hidden`); ``--full-trace`` shows every frame.
+Its subclasses, the model's name, and the package's frames hidden: docs/architecture.md, "Errors".
 """
 
 from __future__ import annotations
@@ -63,8 +55,7 @@ class TimingError(ProfileError):
 
 def named(name: str, exc: ProfileError) -> ProfileError:
     """*exc* with the model's name in front of its message (once), as the same type."""
-    message = str(exc)
-    if message.startswith(f"{name}: ") or message.startswith(f"{name} "):
+    if (message := str(exc)).startswith((f"{name}: ", f"{name} ")):
         return exc
     renamed = type(exc)(f"{name}: {message}")
     renamed.__cause__ = exc.__cause__

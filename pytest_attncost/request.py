@@ -51,46 +51,31 @@ KEYWORDS = ("batch", "inputs", "roles", "spec", "name", "backend", "mode", "caus
 
 @dataclass(frozen=True)
 class Request:
-    """What one profile is asked for: profile()'s arguments, checked (:meth:`of`), as they travel down.
+    """What one profile is asked for: profile()'s arguments, checked (:meth:`of`), as they travel down; inputs,
+    roles, backend, mode, causal, fallback and m as profile() takes them."""
 
-    Attributes:
-        n: the sequence length (a decode step's cache), None where the inputs tell it.
-        batch: the batch (1 where none was given); batch_given: whether one was.
-        inputs, roles: as profile() takes them.
-        spec: the spec the formulas use; spec_read: read from the model (None given), which the structure may
-            then correct; spec_note: why the model's config gives none.
-        name: the profile's name ("" until the model's class names it).
-        backend, mode, causal, fallback, new_tokens, m: how to count (a decode step's new_tokens, else None).
-        lengths: a sweep's lengths counted in one run (n is None then); :meth:`at` is the request at one of them.
-    """
-
-    n: int | None = None
-    batch: int = 1
+    n: int | None = None  # the sequence length (a decode step's cache), None where the inputs tell it
+    batch: int = 1  # 1 where none was given
     batch_given: bool = False
     inputs: Inputs | None = None
     roles: Mapping[str, Any] | None = None
-    spec: ModelSpec | None = None
-    spec_read: bool = True
-    spec_note: str | None = None
-    name: str = ""
+    spec: ModelSpec | None = None  # the spec the formulas use
+    spec_read: bool = True  # read from the model (None given), which the structure may then correct
+    spec_note: str | None = None  # why the model's config gives none
+    name: str = ""  # the profile's name ("" until the model's class names it)
     backend: str = "fvcore"
     mode: str = "forward"
     causal: str = "full"
     fallback: bool = True
-    new_tokens: int | None = None
+    new_tokens: int | None = None  # a decode step's, else None
     m: int | None = None
-    lengths: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()  # a sweep's lengths counted in one run (n is None then); at() gives one
 
     @classmethod
     def of(cls, n: Any = None, **given: Any) -> Request:
         """The request *n* and profile()'s keywords *given* (as the user gave them) make, or a sweep's with
-        ``lengths=`` (checked already) in one run.
-
-        Raises:
-            ProfileError: an argument of the wrong type or out of range, named with the fix.
-        """
-        unknown = sorted(set(given) - set(KEYWORDS))
-        if unknown:
+        ``lengths=`` (checked already) in one run; ProfileError for an argument of the wrong type or out of range."""
+        if unknown := sorted(set(given) - set(KEYWORDS)):
             raise TypeError(f"profile() got unexpected keyword arguments: {', '.join(unknown)}")
         mode, m, lengths = given.get("mode", "forward"), given.get("m"), tuple(given.pop("lengths", ()))
         if n is not None:
