@@ -1,16 +1,6 @@
 """Every file the plugin writes or reads back: one writer, one reader; nothing here imports from the package.
 
-The writer replaces a regular file through a :func:`tempfile.mkstemp` temporary beside it (exclusive, so a
-planted link is never followed; 0600 while it holds the data, then the target's mode, owner and group),
-fsynced and renamed; a file that already holds the data is left alone (nothing written, so a full disk
-cannot fail it). A symlink is followed to its real path and stays a link, unless another user could have
-planted it (:func:`planted_link`, any component of the path); a read-only target, or one on a read-only file
-system, is refused. A character device (``/dev/null``) or a FIFO a process reads is written in place, never
-replaced; a FIFO no one reads, a socket or a block device is refused. The reader refuses anything but a
-regular file before opening it: no hangs.
-
-A writer holds an exclusive ``flock`` on its temporary until the rename: a temporary that is not locked was
-left by a killed writer, and :func:`drop_temporaries` (run before every replacement) removes it.
+What the writer and the reader do and refuse: docs/architecture.md, "Files, and memory".
 """
 
 from __future__ import annotations
@@ -131,8 +121,7 @@ def unwritable(path: Path, *, append: bool = False) -> str | None:
     directory, a socket or block device, an owner or group it cannot keep, a directory it cannot replace a
     file in), or None. A symlink is judged by its target."""
     try:
-        planted = planted_link(path)
-        if planted is not None:
+        if (planted := planted_link(path)) is not None:
             return planted
         info: os.stat_result | None = os.stat(path)  # through links
     except FileNotFoundError:
@@ -174,8 +163,7 @@ def write(path: Path, data: bytes | str, *, append: bool = False) -> None:
         OSError: what the file system says (a missing directory, a full disk).
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    problem = unwritable(path, append=append)
-    if problem is not None:
+    if (problem := unwritable(path, append=append)) is not None:
         raise Refused(problem)
     try:
         info: os.stat_result | None = os.stat(path)
@@ -259,13 +247,10 @@ def _umask() -> int:
 
 
 def drop_temporaries(directory: Path) -> list[str]:
-    """Remove the temporaries that killed writes left in *directory* (SIGKILL skips every cleanup); return
-    their names.
-
-    Only this module's names (``.NAME.<8 random characters>.attncost.tmp``), only regular files of this user,
-    only ones no writer holds (a live writer holds a ``flock`` on its temporary until the rename), and never an
-    empty one younger than a minute (a writer between ``mkstemp`` and its ``flock``). A link is never followed.
-    """
+    """Remove the temporaries that killed writes left in *directory* (SIGKILL skips every cleanup); return their
+    names. Only this module's names (``.NAME.<8 random characters>.attncost.tmp``), only regular files of this
+    user, only ones no writer holds (a live writer holds a ``flock`` on its temporary until the rename), and never
+    an empty one younger than a minute (a writer between ``mkstemp`` and its ``flock``). A link is never followed."""
     try:
         names = [name for name in os.listdir(directory) if _OURS.fullmatch(name)]
     except OSError:
