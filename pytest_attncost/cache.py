@@ -177,10 +177,7 @@ def structure(model: nn.Module) -> Hashable:
     """The module tree, attributes, configs and every tensor's shape; raises Uncacheable."""
     internals = _module_internals()
     named = list(model.named_modules(remove_duplicate=False))
-    names: dict[int, str] = {}
-    for name, module in named:
-        names.setdefault(id(module), name)
-    describe = _Describer(names)
+    describe = _Describer({id(module): name for name, module in reversed(named)})  # a shared module: its first name
     parts: list[Any] = []
     for name, module in named:
         settings = tuple((key, describe.attribute(value)) for key, value in vars(module).items()

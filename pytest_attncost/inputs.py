@@ -193,11 +193,8 @@ def folded_sequences(ran: Ran, batch: int) -> int | None:
     shape = token_shape(ran.target, ran.built.args, ran.built.kwargs)
     if spec is None or not spec.heads or not lengths or shape is not None:
         return None
-    leading = lengths[0][2]
-    if leading % spec.heads:
-        return None
-    sequences = leading // spec.heads
-    return sequences if sequences != batch and sequences % batch == 0 else None
+    sequences, rest = divmod(lengths[0][2], spec.heads)
+    return sequences if not rest and sequences != batch and sequences % batch == 0 else None
 
 
 def _held_batch(ran: Ran, request: Request, shape: tuple[int, int] | None, n: int | None = None) -> int:
