@@ -116,8 +116,7 @@ def user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...]
         raise ProfileError(f"inputs= got {type(inputs).__name__}; {families.INPUTS_HINT}")
     found: dict[int, torch.Tensor] = {}
     _tensors_in(given, found)
-    nested = next((t for t in found.values() if t.is_nested), None)
-    if nested is not None:
+    if (nested := next((t for t in found.values() if t.is_nested), None)) is not None:
         raise ProfileError(NESTED_INPUTS.format(count=nested.size(0)))
     return given
 
@@ -306,9 +305,8 @@ def remade(call: Call, make: Callable[[torch.Tensor], Any]) -> tuple[Call, dict[
     tensors by the id of the tensor each replaced (the memory estimate's fake and real copies)."""
     found: dict[int, torch.Tensor] = {}
     _tensors_in(call, found)
-    memo: dict[int, Any] = {key: make(tensor) for key, tensor in found.items()}
-    made = dict(memo)
-    return copy.deepcopy(call, memo), made
+    made: dict[int, Any] = {key: make(tensor) for key, tensor in found.items()}
+    return copy.deepcopy(call, dict(made)), made  # deepcopy adds to the memo it is given: a copy
 
 
 def cache_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
