@@ -59,21 +59,16 @@ def _resolve_model(model: object) -> nn.Module:
             with torch.device("meta"), masks.recording() as patterns:  # a tril buffer's form, read as it is built
                 built = model()
         except Exception as exc:  # noqa: BLE001 - the factory is the user's code
-            raise ProfileError(
-                f"the model factory {getattr(model, '__name__', model)!r} failed on the meta device "
-                f"({type(exc).__name__}: {exc}); if it builds on the CPU, pass the built nn.Module instead; "
-                "otherwise the error is the factory's own (its config or its code)"
-            ) from exc
+            raise ProfileError(f"the model factory {getattr(model, '__name__', model)!r} failed on the meta device "
+                               f"({type(exc).__name__}: {exc}); if it builds on the CPU, pass the built nn.Module "
+                               "instead; otherwise the error is the factory's own (its config or its code)") from exc
         if not isinstance(built, nn.Module):
-            raise ProfileError(
-                f"the model factory returned {type(built).__name__}, not an nn.Module; "
-                "a factory takes no arguments and returns the model"
-            )
+            raise ProfileError(f"the model factory returned {type(built).__name__}, not an nn.Module; "
+                               "a factory takes no arguments and returns the model")
         masks.remember(unwrap(built), patterns)
         return unwrap(built)
-    raise ProfileError(
-        f"profile() takes an nn.Module or a zero-argument factory returning one, got {type(model).__name__}"
-    )
+    raise ProfileError("profile() takes an nn.Module or a zero-argument factory returning one, "
+                       f"got {type(model).__name__}")
 
 
 def spec_of(model: nn.Module) -> ModelSpec | None:

@@ -140,10 +140,8 @@ def read_lengths(ran: Ran, request: Request) -> tuple[int, int]:
         raise ProfileError("the attention ran on 0 tokens (inputs trimmed to nothing?); "
                            "a profile of nothing cannot stand for the model: check the inputs")
     if n is not None and measured != n:
-        raise ProfileError(
-            f"n={n} was asked for, but the attention saw {measured} tokens; "
-            "drop n= to use the inputs' length, or make the inputs match"
-        )
+        raise ProfileError(f"n={n} was asked for, but the attention saw {measured} tokens; "
+                           "drop n= to use the inputs' length, or make the inputs match")
     if seen == 0:
         raise ProfileError(f"n={measured} was asked for, but the attention ran on 0 tokens "
                            "(the model trims its inputs?); check the inputs")
