@@ -148,6 +148,7 @@ def profile(
         ProfileError: bad arguments, or a model that cannot be counted (the message
             says why and what to do).
     """
+    # long: the docstring documents every argument; the body is two lines
     request = Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend, mode=mode,
                          causal=causal, fallback=fallback, new_tokens=new_tokens, m=m)
     return _answered(*_opened(model, request), memory, optimizer)
@@ -197,11 +198,7 @@ def _hooks_named(result: Profile, target: nn.Module) -> Profile:
     return dataclasses.replace(result, notes=(*result.notes, HOOKS_NOTE.format(hooks=shown)))
 
 
-def sweep(
-    model: nn.Module | Callable[[], nn.Module],
-    ns: Any,
-    **profile_kwargs: Any,
-) -> Sweep:
+def sweep(model: nn.Module | Callable[[], nn.Module], ns: Any, **profile_kwargs: Any) -> Sweep:
     """Profile *model* at every length in *ns*; the :class:`Sweep` solves the thresholds exactly.
 
     A factory is built once (on the meta device) and counted at each length; with the torch backend every

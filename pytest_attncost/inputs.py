@@ -84,16 +84,12 @@ def build(target: nn.Module, request: Request) -> Built:
 
 def to_real(value: Any) -> Any:
     """Zero-filled CPU tensors of the same shapes and dtypes (meta tensors have no values to run on)."""
-    return pytree.tree_map(
-        lambda leaf: torch.zeros(leaf.shape, dtype=leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf, value
-    )
+    return pytree.tree_map_only(torch.Tensor, lambda leaf: torch.zeros(leaf.shape, dtype=leaf.dtype), value)
 
 
 def to_meta(value: Any) -> Any:
     """Inputs as meta tensors of the same shape and dtype (nothing is computed on them)."""
-    return pytree.tree_map(
-        lambda leaf: torch.empty_like(leaf, device="meta") if isinstance(leaf, torch.Tensor) else leaf, value
-    )
+    return pytree.tree_map_only(torch.Tensor, lambda leaf: torch.empty_like(leaf, device="meta"), value)
 
 
 def user_inputs(inputs: Any, n: int | None, batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
