@@ -1,7 +1,6 @@
 """The session side: stash keys, marker reading, checks that make rows, baselines, xdist, files.
 
-The test protocol's hooks are in :mod:`pytest_attncost.plugin`; how rows travel: docs/reports.md, "How a report
-is built".
+The test hooks are in :mod:`pytest_attncost.plugin`; how rows travel: docs/reports.md, "How a report is built".
 """
 
 from __future__ import annotations
@@ -136,28 +135,22 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
             if result.fallback:
                 found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
             found += [WARNING_MESSAGE.format(warning=warning) for warning in result.warnings]
-        crosscheck = None
         second = item.stash.get(CROSSCHECK_KEY, {}).get(id(result))
-        if second is not None:
-            crosscheck, disagreements = _crosscheck(result, second)
-            found += disagreements
+        crosscheck, disagreements = _crosscheck(result, second) if second is not None else (None, [])
+        found += disagreements
         key = row_key(item.nodeid, result)
         if settings.save_path is not None or baseline is not None:
             if key in keys_seen:
                 found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
             keys_seen.add(key)
-        vs_baseline = None
-        if baseline is not None:
-            entry = baseline.get(key)
-            if entry is None:
-                vs_baseline = "new"
-            else:
-                regressions, vs_baseline = compare(entry, result, allowed)
-                found += [str(r) for r in regressions]
+        vs_baseline, entry = (None, None) if baseline is None else ("new", baseline.get(key))
+        if entry is not None:
+            regressions, vs_baseline = compare(entry, result, allowed)
+            found += [str(r) for r in regressions]
         checked = (bounds is not None and bounds.has_bounds) or vs_baseline not in (None, "new")
-        timing = timings[id(result)].to_dict() if id(result) in timings else None
         rows.append(Row(item.nodeid, result, tuple(found), "FAIL" if found else ("ok" if checked else "-"),
-                        vs_baseline=vs_baseline, crosscheck=crosscheck, timing=timing))
+                        vs_baseline=vs_baseline, crosscheck=crosscheck,
+                        timing=timings[id(result)].to_dict() if id(result) in timings else None))
         prefix = f"{result.name}: " if len(profiles) > 1 else ""
         problems += [prefix + p for p in found]
     if any(row.vs_baseline not in (None, "new") and any("over the baseline" in p for p in row.problems)
@@ -191,11 +184,8 @@ def sweep_verdicts(rows: list[Row], judged: list[tuple[Sweep, list[str]]], bound
 
 
 class AttncostCheckError(AssertionError):
-    """Broken bounds (or baseline regressions, cross-checks, strict mode) after a test body ran.
-
-    Raised in the call phase, like an assertion in the body, so that ``xfail``, ``skip`` and
-    unittest's ``expectedFailure`` treat it as they would treat the test's own failure.
-    """
+    """Broken bounds (or baseline regressions, cross-checks, strict mode) after a test body ran. Raised in the call
+    phase, like an assertion in the body, so that ``xfail``, ``skip`` and ``expectedFailure`` treat it alike."""
 
 
 def failure_text(problems: list[str]) -> str:
@@ -208,11 +198,8 @@ def failure_text(problems: list[str]) -> str:
 
 
 def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
-    """Make the item's rows (kept for the report) and return what its bounds, baseline and modes reject.
-
-    When the body did not pass (it failed, skipped or xfailed), its profiles are reported but not
-    judged: the test's own outcome stands, as it would for an assertion after the failing line.
-    """
+    """Make the item's rows (kept for the report) and return what its bounds, baseline and modes reject. A body
+    that did not pass has its profiles reported but not judged: the test's own outcome stands."""
     if CHECKED_KEY in item.stash:
         return item.stash[CHECKED_KEY]
     if item.config.stash[SETTINGS_KEY].disabled:  # --attncost-disable: the marker is a no-op
