@@ -1,8 +1,7 @@
 """The pytest side: the hooks of the test protocol and the ``attncost`` fixture, nothing else.
 
-Options live in :mod:`~pytest_attncost.settings`, rows, checks, baselines and files in
-:mod:`~pytest_attncost.session`. torch and fvcore are imported only when a test profiles a
-model, so ``pytest --help`` and suites that never use the fixture do not pay for them.
+Options live in :mod:`~pytest_attncost.settings`, rows, checks, baselines and files in :mod:`~pytest_attncost.session`.
+torch and fvcore are imported only when a test profiles a model, so ``pytest --help`` does not pay for them.
 """
 
 from __future__ import annotations
@@ -316,9 +315,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     """After the call phase: attach the profiles to the report; a failed check reads as its message."""
     report = yield
     if call.when == "call":
-        stored = item.stash.get(PROPERTIES_KEY, None)
-        if stored is not None:
-            item.user_properties.extend(stored)
+        stored: list[tuple[str, object]] = item.stash.get(PROPERTIES_KEY, [])
+        item.user_properties.extend(stored)
         report.user_properties = list(item.user_properties)
         if report.failed and call.excinfo is not None and isinstance(call.excinfo.value, AttncostCheckError):
             report.longrepr = _Failure(str(call.excinfo.value), *item.location[:2])  # type: ignore[assignment]
