@@ -336,18 +336,14 @@ def _audit_problems(formula: Formula | None, audit: Callable[[Formula], Any], wh
 
 
 def _share_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
-    problems: list[str] = []
     crossover_note, quadratic_note = threshold_notes(profile)
-    share = profile.attention_share
-    for limit, op in ((bounds.attention_share_max, ">"), (bounds.attention_share_min, "<")):
-        if limit is not None and (share > limit if op == ">" else share < limit):
-            problems.append(f"attention_share {share:.3f} {op} {limit} {where} "
-                            f"({_formula_share(profile, 'attention')}; {crossover_note})")
-    quad = profile.quadratic_share
-    if bounds.quadratic_share_max is not None and quad > bounds.quadratic_share_max:
-        problems.append(f"quadratic_share {quad:.3f} > {bounds.quadratic_share_max} {where} "
-                        f"({_formula_share(profile, 'attention_core')}; {quadratic_note})")
-    return problems
+    share, quadratic = profile.attention_share, profile.quadratic_share
+    checks = (("attention_share", share, bounds.attention_share_max, ">", "attention", crossover_note),
+              ("attention_share", share, bounds.attention_share_min, "<", "attention", crossover_note),
+              ("quadratic_share", quadratic, bounds.quadratic_share_max, ">", "attention_core", quadratic_note))
+    return [f"{name} {value:.3f} {op} {limit} {where} ({_formula_share(profile, part)}; {note})"
+            for name, value, limit, op, part, note in checks
+            if limit is not None and (value > limit if op == ">" else value < limit)]
 
 
 def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> list[str]:

@@ -186,9 +186,8 @@ class Profile:
     def deviation(self) -> float | None:
         """Largest relative difference between measured and formula over the three parts."""
         expected = self.formula
-        if expected is None:
-            return None
-        return max(relative_deviation(self.in_layers(c), getattr(expected, c)) for c in COMPONENTS)
+        return None if expected is None else max(
+            relative_deviation(self.in_layers(c), getattr(expected, c)) for c in COMPONENTS)
 
     @property
     def linear_attention_saving(self) -> float | None:

@@ -269,9 +269,6 @@ class XdistHooks:
             node.workerinput["attncost_baseline"] = list(baselines.compare.values())
 
 
-# --- session -----------------------------------------------------------------------------
-
-
 def _ours(value: object) -> dict[str, Any] | None:
     """A row or sweep this plugin recorded (a JSON object with its test id), else None."""
     if isinstance(value, str):
@@ -507,14 +504,13 @@ class AttncostSession:
         if self.saved is not None:
             terminalreporter.write_line(self.saved)
         self._baseline_summary(terminalreporter)
-        unit = self.settings.unit
         for line in self.file_errors:
             terminalreporter.write_line(line, red=not line.startswith(PRUNE_SKIPPED[:30]))
         if not self.settings.report:
             return
-        terminalreporter.write_sep("=", f"attncost report (counts in {unit.upper()})")
+        terminalreporter.write_sep("=", f"attncost report (counts in {self.settings.unit.upper()})")
         width = None if self.settings.report_full else self.config.get_terminal_writer().fullwidth
-        for line in render_terminal(self.final_rows(), unit, self.final_sweeps(), width=width,
+        for line in render_terminal(self.final_rows(), self.settings.unit, self.final_sweeps(), width=width,
                                     full=self.settings.report_full):
             terminalreporter.write_line(line)
         failed = " ".join(self.file_errors)
