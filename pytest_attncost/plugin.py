@@ -283,9 +283,6 @@ def _checked_unittest_method(item: pytest.Item) -> Any:
             raise AttncostCheckError(failure_text(problems))
         return value
 
-    expecting = getattr(method, "__unittest_expecting_failure__", None)
-    if expecting is not None:
-        checked.__unittest_expecting_failure__ = expecting  # type: ignore[attr-defined]
     item.obj = checked  # type: ignore[attr-defined]
     return method
 

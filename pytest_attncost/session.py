@@ -139,10 +139,9 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
         crosscheck, disagreements = _crosscheck(result, second) if second is not None else (None, [])
         found += disagreements
         key = row_key(item.nodeid, result)
-        if settings.save_path is not None or baseline is not None:
-            if key in keys_seen:
-                found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
-            keys_seen.add(key)
+        if (settings.save_path is not None or baseline is not None) and key in keys_seen:
+            found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
+        keys_seen.add(key)
         vs_baseline, entry = (None, None) if baseline is None else ("new", baseline.get(key))
         if entry is not None:
             regressions, vs_baseline = compare(entry, result, allowed)
