@@ -460,13 +460,9 @@ def _judged(timings: Sequence[Timing] | Timing, wanted: Mapping[str, float],
 
 
 def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, float | None]) -> list[str]:
-    """Every broken bound on measured shares, as messages (empty: all hold).
-
-    A ``*_max`` bound fails when ``median - spread > limit``, a ``*_min`` bound when
-    ``median + spread < limit``: broken beyond the noise the repeats themselves show. A
-    bound over a timing of fewer than :data:`MIN_REPEATS` repeats fails with a message
-    asking for more, rather than passing on noise.
-    """
+    """Every broken bound on measured shares, as messages (empty: all hold): a ``*_max`` bound fails when ``median -
+    spread > limit``, a ``*_min`` bound when ``median + spread < limit``. A bound over a timing of fewer than
+    :data:`MIN_REPEATS` repeats fails with a message asking for more, rather than passing on noise."""
     wanted = {k: v for k, v in bounds.items() if v is not None}
     for key in [key for key in wanted if key not in TIME_BOUNDS]:
         raise ValueError(f"unknown time bound {key!r}; valid: {', '.join(TIME_BOUNDS)}")

@@ -142,8 +142,7 @@ class AttncostFixture:
     """What the ``attncost`` fixture gives a test: ``profile()`` with the marker's n and batch."""
 
     def __init__(self, item: pytest.Item, length: int | None) -> None:
-        self._item = item
-        self._length = length
+        self._item, self._length = item, length
 
     @property
     def _bounds(self) -> Bounds | None:

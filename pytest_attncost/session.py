@@ -367,8 +367,7 @@ class AttncostSession:
         return Prune(frozenset(self.outcomes), scope, ignored)
 
     def _relative(self, path: str) -> str | None:
-        """*path* (as given on the command line) relative to the rootdir ("" for the rootdir), or None
-        outside it."""
+        """*path* (as given on the command line) relative to the rootdir ("" for the rootdir), or None outside it."""
         try:
             relative = (self.config.invocation_params.dir / path).resolve().relative_to(self.config.rootpath.resolve())
         except ValueError:
@@ -439,8 +438,7 @@ class AttncostSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _stopped(self, what: str) -> None:
-        """Ctrl-C while *what* was written: it holds its old content or the new one whole (the writer renames a
-        complete temporary, or removes it); the session ends as interrupted, once every other file is written."""
+        """Ctrl-C while *what* was written (the writer renames a complete temporary, or removes it)."""
         self.interrupted = (f"KeyboardInterrupt while attncost wrote the {what}: it holds its old content or the "
                             "new one whole; the other files were written")
 
@@ -522,13 +520,12 @@ class AttncostSession:
         baselines = self.config.stash[BASELINE_KEY]
         if baselines.compare is None:
             return
-        lines = []
         now = versions()
         drift = [f"{name} {old} -> {now.get(name, 'absent')}"
                  for name, old in sorted((baselines.compare_versions or {}).items())
                  if name in ("torch", "fvcore", "pytest-attncost") and now.get(name) != old]
-        if drift:
-            lines.append(f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ")
+        lines = ([f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ"]
+                 if drift else [])
         new = sorted({r.key[:4] for r in self.rows.values() if r.vs_baseline == "new"})
         lines += [f"new (not in the baseline): {t} [{name} n={n} batch={b}]" for t, name, n, b in new]
         strict = " (fails the run: --attncost-compare-strict)" if self.settings.compare_strict else ""
