@@ -358,8 +358,7 @@ def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> 
             note = f"the recompute of activation checkpointing {format_count(sum(profile.recompute.values()), unit)}"
         elif formula is not None:
             expected = formula.attention + formula.ffn if part == "total" else getattr(formula, part)
-            label = "formula attention+ffn" if part == "total" else "formula"
-            note = f"{label} {format_count(expected, unit)}"
+            note = f"formula{' attention+ffn' if part == 'total' else ''} {format_count(expected, unit)}"
         else:
             note = "no formula"
         problems.append(f"{part} {format_count(measured, unit)} > {name} {format_count(limit, unit)} {where} "

@@ -376,10 +376,9 @@ class AttncostSession:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each test phase, on the controller too under xdist: collect outcomes and profiles."""
-        previous = self.outcomes.get(report.nodeid, "passed")
         if report.failed:
             self.outcomes[report.nodeid] = "failed" if report.when == "call" else "error"
-        elif report.skipped and previous == "passed":
+        elif report.skipped and self.outcomes.get(report.nodeid, "passed") == "passed":
             self.outcomes[report.nodeid] = "skipped"
         else:
             self.outcomes.setdefault(report.nodeid, "passed")
