@@ -193,10 +193,7 @@ INCREASE_PARTS = (*GATED_PARTS, "*")
 def parse_increase(value: object) -> float | dict[str, float]:
     """An allowed increase over the baseline, in percent: one number for every part (``2.5``, ``"2.5%"``), or per
     part (``"ffn:5%,total:0%"``, ``{"ffn": 5, "total": 0}``), the parts not named held to ``*`` or else 0.
-
-    Raises:
-        ValueError: naming what is wrong and the form expected.
-    """
+    A ValueError names what is wrong and the form expected."""
     if isinstance(value, str) and ":" not in value:
         value = value.strip().rstrip("%").strip()
         try:
@@ -233,8 +230,8 @@ def _formula(name: str, value: object) -> Formula:
         return value
     if not callable(value):
         raise MarkerError(f"{name} takes a function n -> FLOPs of one sequence (or (spec, n) -> FLOPs), or "
-                          f"pytest_attncost.Formula(function, "
-                          f"per='token', unit='MAC', vocab=..., tolerance=...), got {value!r}")
+                          f"pytest_attncost.Formula(function, per='token', unit='MAC', vocab=..., tolerance=...), "
+                          f"got {value!r}")
     return Formula(value)
 
 
@@ -300,11 +297,10 @@ def _fraction_text(value: float) -> str:
 
 def threshold_notes(profile: Profile) -> tuple[str, str]:
     """'attention overtakes FFN at n=1536 = 2hd' and 'quadratic term dominates at n=4608 = 6hd'."""
-    spec = profile.spec
-    crossover, quadratic = profile.crossover_n, profile.quadratic_n
-    if spec is None:
+    if profile.spec is None:
         return ("no spec, so no threshold", "no spec, so no threshold")
-    hd = spec.heads * spec.head_dim
+    crossover, quadratic = profile.crossover_n, profile.quadratic_n
+    hd = profile.spec.heads * profile.spec.head_dim
     first = ("attention costs more than the FFN at every n" if crossover is None else
              f"attention overtakes FFN at n={_fraction_text(crossover)}" + (" = 2hd" if crossover == 2 * hd else ""))
     second = ("no quadratic crossover" if quadratic is None else
@@ -340,18 +336,14 @@ def _audit_problems(formula: Formula | None, audit: Callable[[Formula], Any], wh
 
 
 def _share_problems(bounds: Bounds, profile: Profile, where: str) -> list[str]:
-    problems: list[str] = []
     crossover_note, quadratic_note = threshold_notes(profile)
-    share = profile.attention_share
-    for limit, op in ((bounds.attention_share_max, ">"), (bounds.attention_share_min, "<")):
-        if limit is not None and (share > limit if op == ">" else share < limit):
-            problems.append(f"attention_share {share:.3f} {op} {limit} {where} "
-                            f"({_formula_share(profile, 'attention')}; {crossover_note})")
-    quad = profile.quadratic_share
-    if bounds.quadratic_share_max is not None and quad > bounds.quadratic_share_max:
-        problems.append(f"quadratic_share {quad:.3f} > {bounds.quadratic_share_max} {where} "
-                        f"({_formula_share(profile, 'attention_core')}; {quadratic_note})")
-    return problems
+    share, quadratic = profile.attention_share, profile.quadratic_share
+    checks = (("attention_share", share, bounds.attention_share_max, ">", "attention", crossover_note),
+              ("attention_share", share, bounds.attention_share_min, "<", "attention", crossover_note),
+              ("quadratic_share", quadratic, bounds.quadratic_share_max, ">", "attention_core", quadratic_note))
+    return [f"{name} {value:.3f} {op} {limit} {where} ({_formula_share(profile, part)}; {note})"
+            for name, value, limit, op, part, note in checks
+            if limit is not None and (value > limit if op == ">" else value < limit)]
 
 
 def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> list[str]:
@@ -366,8 +358,7 @@ def _count_problems(bounds: Bounds, profile: Profile, unit: str, where: str) -> 
             note = f"the recompute of activation checkpointing {format_count(sum(profile.recompute.values()), unit)}"
         elif formula is not None:
             expected = formula.attention + formula.ffn if part == "total" else getattr(formula, part)
-            label = "formula attention+ffn" if part == "total" else "formula"
-            note = f"{label} {format_count(expected, unit)}"
+            note = f"formula{' attention+ffn' if part == 'total' else ''} {format_count(expected, unit)}"
         else:
             note = "no formula"
         problems.append(f"{part} {format_count(measured, unit)} > {name} {format_count(limit, unit)} {where} "
@@ -421,15 +412,14 @@ def check_sweep(bounds: Bounds, sweep: Sweep) -> list[str]:
             dataclasses.replace(bounds, audit=None), sweep)
     if not bounds.has_sweep_bounds:
         return []
-    name = sweep.name
     try:
         exact = sweep.crossover()
     except SweepError as exc:
-        return [f"sweep of {name}: {exc}"]
+        return [f"sweep of {sweep.name}: {exc}"]
     expected = sweep.formula_crossover()
     formula = None if expected is None else float(expected)
     note = "no formula" if formula is None else f"formula {format_tokens(formula)}"
-    where = f"(sweep of {name} over n={sweep.lengths}; {note})"
+    where = f"(sweep of {sweep.name} over n={sweep.lengths}; {note})"
     if exact is None:
         return [f"no crossover: attention never equals the FFN {where}"]
     measured = float(exact)
@@ -469,13 +459,9 @@ def _judged(timings: Sequence[Timing] | Timing, wanted: Mapping[str, float],
 
 
 def check_time_bounds(timings: Sequence[Timing] | Timing, bounds: Mapping[str, float | None]) -> list[str]:
-    """Every broken bound on measured shares, as messages (empty: all hold).
-
-    A ``*_max`` bound fails when ``median - spread > limit``, a ``*_min`` bound when
-    ``median + spread < limit``: broken beyond the noise the repeats themselves show. A
-    bound over a timing of fewer than :data:`MIN_REPEATS` repeats fails with a message
-    asking for more, rather than passing on noise.
-    """
+    """Every broken bound on measured shares, as messages (empty: all hold): a ``*_max`` bound fails when ``median -
+    spread > limit``, a ``*_min`` bound when ``median + spread < limit``. A bound over a timing of fewer than
+    :data:`MIN_REPEATS` repeats fails with a message asking for more, rather than passing on noise."""
     wanted = {k: v for k, v in bounds.items() if v is not None}
     for key in [key for key in wanted if key not in TIME_BOUNDS]:
         raise ValueError(f"unknown time bound {key!r}; valid: {', '.join(TIME_BOUNDS)}")
@@ -498,10 +484,8 @@ MFU_MESSAGE = ("MFU {mfu:.3f} < mfu_min {limit:g} beyond the noise at n={n} on {
 
 
 def check_mfu(timings: Sequence[Timing] | Timing, mfu_min: float | None, peak: str | float | None) -> list[str]:
-    """MFU (model FLOPs utilization: the counted FLOPs of a forward over its measured time, over the peak) below
-    *mfu_min* beyond the noise: even at the median less the spread, the forward is slower than the bound allows. A
-    forward re-runs nothing, so its model FLOPs (what PaLM's MFU counts) and hardware FLOPs agree
-    (:attr:`Profile.model_flops`)."""
+    """MFU (the counted FLOPs of a forward over its measured time, over the peak) below *mfu_min* even at the
+    median less the spread. A forward re-runs nothing: model and hardware FLOPs agree (:attr:`Profile.model_flops`)."""
     if mfu_min is None or peak is None:
         return []
 

@@ -1,8 +1,7 @@
 """The pytest side: the hooks of the test protocol and the ``attncost`` fixture, nothing else.
 
-Options live in :mod:`~pytest_attncost.settings`, rows, checks, baselines and files in
-:mod:`~pytest_attncost.session`. torch and fvcore are imported only when a test profiles a
-model, so ``pytest --help`` and suites that never use the fixture do not pay for them.
+Options live in :mod:`~pytest_attncost.settings`, rows, checks, baselines and files in :mod:`~pytest_attncost.session`.
+torch and fvcore are imported only when a test profiles a model, so ``pytest --help`` does not pay for them.
 """
 
 from __future__ import annotations
@@ -143,8 +142,7 @@ class AttncostFixture:
     """What the ``attncost`` fixture gives a test: ``profile()`` with the marker's n and batch."""
 
     def __init__(self, item: pytest.Item, length: int | None) -> None:
-        self._item = item
-        self._length = length
+        self._item, self._length = item, length
 
     @property
     def _bounds(self) -> Bounds | None:
@@ -284,9 +282,6 @@ def _checked_unittest_method(item: pytest.Item) -> Any:
             raise AttncostCheckError(failure_text(problems))
         return value
 
-    expecting = getattr(method, "__unittest_expecting_failure__", None)
-    if expecting is not None:
-        checked.__unittest_expecting_failure__ = expecting  # type: ignore[attr-defined]
     item.obj = checked  # type: ignore[attr-defined]
     return method
 
@@ -316,9 +311,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     """After the call phase: attach the profiles to the report; a failed check reads as its message."""
     report = yield
     if call.when == "call":
-        stored = item.stash.get(PROPERTIES_KEY, None)
-        if stored is not None:
-            item.user_properties.extend(stored)
+        stored: list[tuple[str, object]] = item.stash.get(PROPERTIES_KEY, [])
+        item.user_properties.extend(stored)
         report.user_properties = list(item.user_properties)
         if report.failed and call.excinfo is not None and isinstance(call.excinfo.value, AttncostCheckError):
             report.longrepr = _Failure(str(call.excinfo.value), *item.location[:2])  # type: ignore[assignment]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -185,9 +186,8 @@ class Profile:
     def deviation(self) -> float | None:
         """Largest relative difference between measured and formula over the three parts."""
         expected = self.formula
-        if expected is None:
-            return None
-        return max(relative_deviation(self.in_layers(c), getattr(expected, c)) for c in COMPONENTS)
+        return None if expected is None else max(
+            relative_deviation(self.in_layers(c), getattr(expected, c)) for c in COMPONENTS)
 
     @property
     def linear_attention_saving(self) -> float | None:
@@ -323,11 +323,10 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe builtins only: the same dict feeds xdist, reports and baselines."""
-        formula = self.formula
         data: dict[str, Any] = {key: getattr(self, key) for key in _PLAIN}  # the files sort their keys
         data.update(
             spec=None if self.spec is None else self.spec.to_dict(),
-            formula=None if formula is None else formula.to_dict(),
+            formula=None if (formula := self.formula) is None else formula.to_dict(),
             unsupported_ops=dict(sorted(self.unsupported_ops.items())), by_module=dict(sorted(self.by_module.items())),
             versions=dict(sorted(self.versions.items())), warnings=list(self.warnings), notes=list(self.notes))
         if self.mode == "decode":  # present only in decode profiles: prefill rows and baselines keep their form
@@ -346,8 +345,7 @@ class Profile:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:
         """Inverse of :meth:`to_dict` (derived fields are recomputed, not read)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         if kwargs.get("spec") is not None:
             kwargs["spec"] = ModelSpec.from_dict(kwargs["spec"])
         kwargs.update({name: tuple(kwargs[name]) for name in ("warnings", "notes") if name in kwargs})
@@ -374,10 +372,8 @@ def _versions() -> tuple[tuple[str, str], ...]:
     # Read once per process: each lookup scans sys.path (~1.5 ms), and what is imported cannot change.
     found = {"python": ".".join(map(str, sys.version_info[:3]))}
     for dist in ("pytest-attncost", "torch", "fvcore", "transformers", "pytest"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             found[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
     return tuple(found.items())
 
 
@@ -647,10 +643,7 @@ class Timing:
 
 
 def _share_of(top: Callable[[Timing, int], float]) -> Callable[[Timing, int], float]:
-    def share(timing: Timing, i: int) -> float:
-        return _ratio(top(timing, i), timing._at("attention", i) + timing._at("ffn", i))
-
-    return share
+    return lambda timing, i: _ratio(top(timing, i), timing._at("attention", i) + timing._at("ffn", i))
 
 
 #: Per-repeat shares of measured time, by name (each a function of the Timing and the repeat).

@@ -1,7 +1,6 @@
 """The session side: stash keys, marker reading, checks that make rows, baselines, xdist, files.
 
-The test protocol's hooks are in :mod:`pytest_attncost.plugin`; how rows travel: docs/reports.md, "How a report
-is built".
+The test hooks are in :mod:`pytest_attncost.plugin`; how rows travel: docs/reports.md, "How a report is built".
 """
 
 from __future__ import annotations
@@ -136,28 +135,21 @@ def rows_for(item: pytest.Item, settings: Settings) -> tuple[list[Row], list[str
             if result.fallback:
                 found.append(FALLBACK_MESSAGE.format(reason=result.fallback))
             found += [WARNING_MESSAGE.format(warning=warning) for warning in result.warnings]
-        crosscheck = None
         second = item.stash.get(CROSSCHECK_KEY, {}).get(id(result))
-        if second is not None:
-            crosscheck, disagreements = _crosscheck(result, second)
-            found += disagreements
+        crosscheck, disagreements = _crosscheck(result, second) if second is not None else (None, [])
+        found += disagreements
         key = row_key(item.nodeid, result)
-        if settings.save_path is not None or baseline is not None:
-            if key in keys_seen:
-                found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
-            keys_seen.add(key)
-        vs_baseline = None
-        if baseline is not None:
-            entry = baseline.get(key)
-            if entry is None:
-                vs_baseline = "new"
-            else:
-                regressions, vs_baseline = compare(entry, result, allowed)
-                found += [str(r) for r in regressions]
+        if (settings.save_path is not None or baseline is not None) and key in keys_seen:
+            found.append(DUPLICATE_KEY.format(name=result.name, n=result.n, batch=result.batch))
+        keys_seen.add(key)
+        vs_baseline, entry = (None, None) if baseline is None else ("new", baseline.get(key))
+        if entry is not None:
+            regressions, vs_baseline = compare(entry, result, allowed)
+            found += [str(r) for r in regressions]
         checked = (bounds is not None and bounds.has_bounds) or vs_baseline not in (None, "new")
-        timing = timings[id(result)].to_dict() if id(result) in timings else None
         rows.append(Row(item.nodeid, result, tuple(found), "FAIL" if found else ("ok" if checked else "-"),
-                        vs_baseline=vs_baseline, crosscheck=crosscheck, timing=timing))
+                        vs_baseline=vs_baseline, crosscheck=crosscheck,
+                        timing=timings[id(result)].to_dict() if id(result) in timings else None))
         prefix = f"{result.name}: " if len(profiles) > 1 else ""
         problems += [prefix + p for p in found]
     if any(row.vs_baseline not in (None, "new") and any("over the baseline" in p for p in row.problems)
@@ -191,11 +183,8 @@ def sweep_verdicts(rows: list[Row], judged: list[tuple[Sweep, list[str]]], bound
 
 
 class AttncostCheckError(AssertionError):
-    """Broken bounds (or baseline regressions, cross-checks, strict mode) after a test body ran.
-
-    Raised in the call phase, like an assertion in the body, so that ``xfail``, ``skip`` and
-    unittest's ``expectedFailure`` treat it as they would treat the test's own failure.
-    """
+    """Broken bounds (or baseline regressions, cross-checks, strict mode) after a test body ran. Raised in the call
+    phase, like an assertion in the body, so that ``xfail``, ``skip`` and ``expectedFailure`` treat it alike."""
 
 
 def failure_text(problems: list[str]) -> str:
@@ -208,11 +197,8 @@ def failure_text(problems: list[str]) -> str:
 
 
 def check(item: pytest.Item, body_passed: bool = True) -> list[str]:
-    """Make the item's rows (kept for the report) and return what its bounds, baseline and modes reject.
-
-    When the body did not pass (it failed, skipped or xfailed), its profiles are reported but not
-    judged: the test's own outcome stands, as it would for an assertion after the failing line.
-    """
+    """Make the item's rows (kept for the report) and return what its bounds, baseline and modes reject. A body
+    that did not pass has its profiles reported but not judged: the test's own outcome stands."""
     if CHECKED_KEY in item.stash:
         return item.stash[CHECKED_KEY]
     if item.config.stash[SETTINGS_KEY].disabled:  # --attncost-disable: the marker is a no-op
@@ -280,9 +266,6 @@ class XdistHooks:
         baselines = node.config.stash[BASELINE_KEY]
         if baselines.compare is not None:
             node.workerinput["attncost_baseline"] = list(baselines.compare.values())
-
-
-# --- session -----------------------------------------------------------------------------
 
 
 def _ours(value: object) -> dict[str, Any] | None:
@@ -384,8 +367,7 @@ class AttncostSession:
         return Prune(frozenset(self.outcomes), scope, ignored)
 
     def _relative(self, path: str) -> str | None:
-        """*path* (as given on the command line) relative to the rootdir ("" for the rootdir), or None
-        outside it."""
+        """*path* (as given on the command line) relative to the rootdir ("" for the rootdir), or None outside it."""
         try:
             relative = (self.config.invocation_params.dir / path).resolve().relative_to(self.config.rootpath.resolve())
         except ValueError:
@@ -394,10 +376,9 @@ class AttncostSession:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each test phase, on the controller too under xdist: collect outcomes and profiles."""
-        previous = self.outcomes.get(report.nodeid, "passed")
         if report.failed:
             self.outcomes[report.nodeid] = "failed" if report.when == "call" else "error"
-        elif report.skipped and previous == "passed":
+        elif report.skipped and self.outcomes.get(report.nodeid, "passed") == "passed":
             self.outcomes[report.nodeid] = "skipped"
         else:
             self.outcomes.setdefault(report.nodeid, "passed")
@@ -456,8 +437,7 @@ class AttncostSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _stopped(self, what: str) -> None:
-        """Ctrl-C while *what* was written: it holds its old content or the new one whole (the writer renames a
-        complete temporary, or removes it); the session ends as interrupted, once every other file is written."""
+        """Ctrl-C while *what* was written (the writer renames a complete temporary, or removes it)."""
         self.interrupted = (f"KeyboardInterrupt while attncost wrote the {what}: it holds its old content or the "
                             "new one whole; the other files were written")
 
@@ -520,14 +500,13 @@ class AttncostSession:
         if self.saved is not None:
             terminalreporter.write_line(self.saved)
         self._baseline_summary(terminalreporter)
-        unit = self.settings.unit
         for line in self.file_errors:
             terminalreporter.write_line(line, red=not line.startswith(PRUNE_SKIPPED[:30]))
         if not self.settings.report:
             return
-        terminalreporter.write_sep("=", f"attncost report (counts in {unit.upper()})")
+        terminalreporter.write_sep("=", f"attncost report (counts in {self.settings.unit.upper()})")
         width = None if self.settings.report_full else self.config.get_terminal_writer().fullwidth
-        for line in render_terminal(self.final_rows(), unit, self.final_sweeps(), width=width,
+        for line in render_terminal(self.final_rows(), self.settings.unit, self.final_sweeps(), width=width,
                                     full=self.settings.report_full):
             terminalreporter.write_line(line)
         failed = " ".join(self.file_errors)
@@ -540,13 +519,12 @@ class AttncostSession:
         baselines = self.config.stash[BASELINE_KEY]
         if baselines.compare is None:
             return
-        lines = []
         now = versions()
         drift = [f"{name} {old} -> {now.get(name, 'absent')}"
                  for name, old in sorted((baselines.compare_versions or {}).items())
                  if name in ("torch", "fvcore", "pytest-attncost") and now.get(name) != old]
-        if drift:
-            lines.append(f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ")
+        lines = ([f"warning: the baseline was made with other versions ({', '.join(drift)}); counts may differ"]
+                 if drift else [])
         new = sorted({r.key[:4] for r in self.rows.values() if r.vs_baseline == "new"})
         lines += [f"new (not in the baseline): {t} [{name} n={n} batch={b}]" for t, name, n, b in new]
         strict = " (fails the run: --attncost-compare-strict)" if self.settings.compare_strict else ""
