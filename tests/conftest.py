@@ -53,7 +53,6 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
     return pytester
 
 
-
 @pytest.fixture
 def autoloaded(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A project whose runs load plugins as users' do, by pytest's autoloading: what ``-p no:attncost`` disables
