@@ -62,8 +62,16 @@ def _dense_in_order(order: Sequence[int]) -> Callable[[Sequence[int], Sequence[i
 
 
 def _is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
-    # c10's _compute_contiguous
-    return math.prod(sizes) == 0 or _dense_in_order(range(len(sizes) - 1, -1, -1))(sizes, strides)
+    # c10's _compute_contiguous (asked of every swept tensor's layout: no checker built per call)
+    if math.prod(sizes) == 0:
+        return True
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
 
 
 def _non_overlapping_and_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:

@@ -303,10 +303,12 @@ class _GraphMasks:
                     if scores:
                         return [self.masking(node, flow), *labels], True
             return [], False
+        if op not in SCORE_PASS:
+            return [], False
         inputs = [v for v in node.inputs() if _is_tensor(v) and v.node().kind() != "prim::Constant"]
-        if op in SCORE_PASS and inputs:
-            return self.before(max(inputs, key=lambda v: len(_shape(v)) if v.isCompleteTensor() else 0), depth + 1)
-        return [], False
+        if not inputs:
+            return [], False
+        return self.before(max(inputs, key=lambda v: len(_shape(v)) if v.isCompleteTensor() else 0), depth + 1)
 
     def label(self, op: str, inputs: list[Any], outputs: list[Any], operands: list[Any]) -> str:
         if op in SDPA_OPS:
@@ -578,12 +580,15 @@ def _expand_markers(records: list[OpRecord], layers: Repeats, by_module: dict[st
             passes[two] = repeats.passes_through(records, first_of[two], second_of[two])
     placement, new_of, copy_at, earlier, marker_of = _placement(records, stubs, second_of)
 
+    copies: dict[str, repeats.Copy] = {}  # made once per copied layer, asked of each of its records' operands
+
     def moved_to(copy: str, sources: Sequence[int]) -> tuple[int, ...]:
-        second = stubs[copy].names[1]
-        before = [[new_of[i] for i in first_of[second]], [new_of[i] for i in second_of[second]],
-                  *(copy_at[c] for c in earlier[copy])]
-        return repeats.Copy(first_of[second], second_of[second], before, copy_at[copy], passes[second]).transported(
-            sources, mapped)
+        if copy not in copies:
+            second = stubs[copy].names[1]
+            before = [[new_of[i] for i in first_of[second]], [new_of[i] for i in second_of[second]],
+                      *(copy_at[c] for c in earlier[copy])]
+            copies[copy] = repeats.Copy(first_of[second], second_of[second], before, copy_at[copy], passes[second])
+        return copies[copy].transported(sources, mapped)
 
     def mapped(source: int) -> tuple[int, ...]:
         # a copied layer's output: what the second layer's output came from, as the copy has it

@@ -83,7 +83,8 @@ def _settings(module: nn.Module) -> tuple[Any, dict[tuple[str, str], Any]]:
 class Run:
     names: list[str]  # dotted names (relative to the model) of the layers, in order
     modules: list[nn.Module]
-    calls: list[Any] = field(default_factory=list)  # per traced layer (0, 1): (leaves, spec, output, start, end)
+    # per traced layer (0, 1): leaves, spec, output, start, end, and the snapshots before and after it
+    calls: list[Any] = field(default_factory=list)
     replicated: list[str] = field(default_factory=list)  # stubbed layers counted as copies, in call order
     called: set[str] = field(default_factory=set)
     chained: int | None = None  # the input position that changes from layer to layer
