@@ -305,9 +305,8 @@ def _scope(session: _Session, start: int) -> str:
     return "" if name == "model" else name.removeprefix("model.")
 
 
-def _compile_friendly(query: Any, key: Any, value: Any, **kwargs: Any) -> Any:
-    """transformers' ``compile_friendly_flex_attention`` (its signature, training= too): the stand-in, uncompiled."""
-    kwargs.pop("training", None)
+def _compile_friendly(query: Any, key: Any, value: Any, training: bool = False, **kwargs: Any) -> Any:
+    """transformers' ``compile_friendly_flex_attention`` (its signature): the stand-in, uncompiled."""
     return _flex_attention(query, key, value, **kwargs)
 
 
