@@ -542,7 +542,7 @@ def _profile(argv: Sequence[str]) -> int:
         except SystemExit as exc:  # not KeyboardInterrupt: that one ends the command
             parser.error(EXITED.format(target=args.target, code=exc.code))
     by_n = {p.n: p for p in swept or ()}
-    rows = [reporting.Row(args.target, by_n[n]) for n in args.n if n in by_n]
+    rows = [reporting.Row(args.target, by_n[n]) for n in args.n] if swept is not None else []
     for n in args.n if not rows else ():
         try:
             result = profile(factory, n, batch=args.batch, backend=args.backend, inputs=inputs, spec=args.spec)

@@ -488,9 +488,10 @@ def check_mfu(timings: Sequence[Timing] | Timing, mfu_min: float | None, peak: s
     median less the spread. A forward re-runs nothing: model and hardware FLOPs agree (:attr:`Profile.model_flops`)."""
     if mfu_min is None or peak is None:
         return []
+    if isinstance(timings, Timing) or timings:  # the peak read (or this CPU's measured) once, as soon as anything ran
+        rate_at_peak, named = devices.peak_flops(peak)
 
     def judge(timing: Timing, bound: str, limit: float) -> str | None:
-        rate_at_peak, named = devices.peak_flops(peak)
         flops = 2 * sum(timing.macs.values())
         seconds, spread = timing.forward, timing.spread("forward")
         if not flops / max(seconds - spread, 1e-12) / rate_at_peak < limit:
