@@ -284,9 +284,9 @@ def measure(
         ProfileError: anything :func:`profile` raises.
     """
     runs = timing.Runs(device, dtype, warmup, repeats, seed, threads)
-    model = _exported(model)
-    target, request = _opened(model, Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name,
-                                                backend=backend))
+    request = Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend)
+    model = _exported(model)  # after the arguments' checks: exported.module() builds a module
+    target, request = _opened(model, request)
     counted, built = _counted(target, request)
     return timing.time_forward(counted, model, built or build(target, request), runs)  # cached: inputs built here
 

@@ -359,7 +359,7 @@ def traceable() -> Iterator[None]:
     if masking is None or not hasattr(masking, "find_packed_sequence_indices") or int(version.split(".")[0]) >= 5:
         yield
         return
-    with mock.patch.object(masking, "find_packed_sequence_indices", return_value=None):
+    with mock.patch.object(masking, "find_packed_sequence_indices", new=lambda *args, **kwargs: None):
         yield
 
 
