@@ -35,13 +35,38 @@ def _count_once_before_pytester(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("_counted_once")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "shared_profiles: this module's pytester runs share one profile cache (see "
+                                       "the project fixture)")
+
+
+@pytest.fixture(scope="session")
+def _shared_profiles() -> dict:
+    """The profile cache that pytester runs of a ``shared_profiles`` module share (one per process)."""
+    from collections import OrderedDict
+
+    return OrderedDict()
+
+
 @pytest.fixture
-def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+            request: pytest.FixtureRequest) -> pytest.Pytester:
     """A pytester project with the tiny models importable and stable output.
 
     A wide terminal, so that the report keeps every column the tests look for; the tests of
     the report's fitting set COLUMNS themselves.
+
+    In a module marked ``shared_profiles`` (its tests are about what the plugin writes, reads and reports, not about
+    counting), each run starts from the profiles the earlier runs of this process counted, instead of from an empty
+    cache: the same tiny model at the same length is counted once per process, and served as any repeated
+    ``profile()`` is (the cache's own tests, which run without this, show that a served profile is the one a count
+    gives). A test file's own ``clear_cache()`` still empties it.
     """
+    if request.node.get_closest_marker("shared_profiles"):
+        from pytest_attncost import cache
+
+        monkeypatch.setattr(cache, "_CACHE", request.getfixturevalue("_shared_profiles"))
+        monkeypatch.setattr(cache, "clear_cache", lambda: None)  # what a session does at its start and end
     monkeypatch.setenv("COLUMNS", "300")
     # the plugin by its entry point's name and nothing else: scanning every installed distribution for pytest11
     # entry points is a fifth of an in-process run (tests with a bare pytester keep pytest's autoloading)

@@ -8,6 +8,8 @@ import pytest
 from pytest_attncost import baseline as baseline_mod
 from pytest_attncost.files import write
 
+pytestmark = pytest.mark.shared_profiles  # their runs are about files and verdicts (conftest.project)
+
 SUITE = """
 import os
 import pytest

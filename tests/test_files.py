@@ -16,6 +16,8 @@ import pytest
 
 from pytest_attncost import baseline as baseline_mod
 
+pytestmark = pytest.mark.shared_profiles  # their runs are about files and verdicts (conftest.project)
+
 SUITE = """
 import pytest
 from tiny_models import torch_encoder

@@ -10,6 +10,8 @@ import tiny_models as tm
 from pytest_attncost import ModelSpec, api, profile
 from pytest_attncost.series import Sweep, SweepError
 
+pytestmark = pytest.mark.shared_profiles  # its runs are about bounds and plots (conftest.project)
+
 
 def test_bert_shapes_crossovers_are_exact_integers():
     from transformers import BertConfig, BertModel

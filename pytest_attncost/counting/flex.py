@@ -348,7 +348,7 @@ def into_records(records: list[Any]) -> Iterator[None]:
 
 
 _SEEN: dict[str, int] = {}  # module name -> id of the module object scanned
-_BOUND: dict[str, list[str]] = {}  # module name -> the globals that held a flex function when scanned
+_BOUND: dict[str, list[str]] = {}  # module name -> the globals that held a flex function when scanned (none: absent)
 
 
 def _originals() -> dict[int, Callable[..., Any]]:
@@ -369,13 +369,16 @@ def _replacement(value: Any, originals: dict[int, Callable[..., Any]]) -> Callab
 
 def _scan(originals: dict[int, Callable[..., Any]]) -> None:
     """Scan the modules imported since the last count for globals holding a flex function."""
-    for name, module in list(sys.modules.items()):
-        if _SEEN.get(name) == id(module):
-            continue
+    new = [(name, module) for name, module in list(sys.modules.items()) if _SEEN.get(name) != id(module)]
+    for name, module in new:
         _SEEN[name] = id(module)
         namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict):
-            _BOUND[name] = [k for k, v in list(namespace.items()) if _replacement(v, originals) is not None]
+        keys = [k for k, v in list(namespace.items()) if _replacement(v, originals) is not None] \
+            if isinstance(namespace, dict) else []
+        if keys:
+            _BOUND[name] = keys
+        else:
+            _BOUND.pop(name, None)
 
 
 def _module_bindings(originals: dict[int, Callable[..., Any]]) -> list[tuple[dict[str, Any], str, Any]]:
