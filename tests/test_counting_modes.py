@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
-import subprocess
-import sys
 import warnings
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -219,13 +215,13 @@ def test_forward_split(name: str) -> None:
 
 
 # train = 3x forward per part, the same under two hash seeds, through profile(): see
-# test_train_scopes_are_the_same_under_every_hash_seed_and_three_times_forward below,
-# whose subprocesses check the records and profile()'s parts together.
+# test_train_is_three_times_forward_in_every_scope below, and test_plugin's test_a_fresh_interpreter_..., whose
+# subprocess counts the records and profile()'s parts again under another hash seed.
 
 
 # --- 1. train mode: every backward product in the scope of its forward op --------------------
 
-def _train_counts() -> dict[str, Any]:
+def train_counts() -> dict[str, Any]:
     """Each model's train-mode records and scopes, and profile()'s split of it: what must not depend on the
     hash seed (JSON-shaped, to compare with another process's)."""
     out = {}
@@ -240,28 +236,10 @@ def _train_counts() -> dict[str, Any]:
     return json.loads(json.dumps(out, sort_keys=True))
 
 
-_SEED_SCRIPT = """
-import json, sys
-sys.path.insert(0, {tests!r})
-import test_counting_modes as t
-print(json.dumps(t._train_counts(), sort_keys=True))
-"""
-
-
-def test_train_scopes_are_the_same_under_every_hash_seed_and_three_times_forward():
-    # two hash seeds: this process's and another, in a child (a fresh interpreter: the seed is fixed at start-up;
-    # one child: an order that follows the seed differs between almost any two); the timeout is a safety net for a
-    # hung child, not a measure of speed
-    ours = os.environ.get("PYTHONHASHSEED")
-    seed = next(seed for seed in ("0", "1") if seed != ours)
-    script = _SEED_SCRIPT.format(tests=str(Path(__file__).parent))
-    results = [_train_counts()]
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1800,
-                         env={**os.environ, "PYTHONHASHSEED": seed})
-    assert run.returncode == 0, run.stderr[-2000:]
-    results.append(json.loads(run.stdout))
-    assert results[0] == results[1]  # records, scopes, origins, masks: all of it
-    for name, counts in results[0].items():
+def test_train_is_three_times_forward_in_every_scope():
+    """The hash seed plays no part in these records either: test_plugin's test_a_fresh_interpreter_... counts
+    them again under another seed (in the subprocess it starts anyway) and compares all of it."""
+    for name, counts in train_counts().items():
         forward = _per_scope(count_forward_torch(meta_twin(MODELS[name]()), _tokens(), {}).records)
         train = counts["train"]
         assert sum(forward.values()) == FORWARD

@@ -1,6 +1,8 @@
 """The plugin as users run it: real pytest sessions through pytester."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -460,9 +462,19 @@ def test_xdist_writes_what_a_serial_run_writes_and_keeps_a_crashed_workers_finis
     assert len(imports) >= 2 and all("torch" in loaded and "transformers" not in loaded for loaded in imports.values())
 
 
-def test_warnings_as_errors(project):
-    # The plugin's own imports and traces raise nothing under -W error; the user's warnings still do.
-    project.makepyfile("""
+def test_a_fresh_interpreter_under_W_error_and_another_hash_seed(project, monkeypatch):
+    """One subprocess session, two things only a fresh interpreter shows (merged from test_plugin's
+    test_warnings_as_errors and test_counting_modes' hash-seed child, each of which started one):
+
+    * the plugin's own imports and traces raise nothing under -W error (--attncost-crosscheck: both counters,
+      fvcore's trace and torch's fake tensors), while the user's warnings still do;
+    * train-mode records, scopes, origins and masks, and profile()'s split of them, do not depend on the hash
+      seed, which is fixed at start-up (an order that follows the seed differs between almost any two)."""
+    import test_counting_modes
+
+    project.makepyfile(f"""
+        import json
+        import sys
         import warnings
         import pytest
         from tiny_models import bert_like
@@ -473,12 +485,20 @@ def test_warnings_as_errors(project):
 
         def test_user_warning(attncost):
             warnings.warn("from the user's code", UserWarning)
+
+        def test_train_counts():
+            sys.path.insert(0, {str(Path(test_counting_modes.__file__).parent)!r})
+            import test_counting_modes
+            with open("train_counts.json", "w") as out:
+                json.dump(test_counting_modes.train_counts(), out, sort_keys=True)
     """)
-    # --attncost-crosscheck: both counters (fvcore's trace, torch's fake tensors) run under -W error; a subprocess,
-    # as only a fresh interpreter imports torch and fvcore under the filter (this one imported them long ago)
+    ours = os.environ.get("PYTHONHASHSEED")
+    monkeypatch.setenv("PYTHONHASHSEED", next(seed for seed in ("0", "1") if seed != ours))
     result = project.runpytest_subprocess("-W", "error", "--attncost-crosscheck")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*UserWarning: from the user's code*"])
+    theirs = json.loads((project.path / "train_counts.json").read_text())
+    assert theirs == test_counting_modes.train_counts()  # records, scopes, origins, masks: all of it
 
 
 # --- options and ini: the same option twice, bad ini values, an option missing its partner --------
