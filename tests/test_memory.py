@@ -217,12 +217,10 @@ def test_memory_bounds_parse_sizes_as_the_plugin_does():
 def test_peak_memory_bound_passes_and_fails_on_bert_base_training_at_4096(project):
     project.makepyfile(test_fit="""
         import pytest
-        import torch
         from transformers import BertConfig, BertModel
 
-        def bert_base():  # on the meta device: the estimate needs the shapes, not 110M random weights
-            with torch.device("meta"):
-                return BertModel(BertConfig(attn_implementation="eager"))
+        def bert_base():
+            return BertModel(BertConfig(attn_implementation="eager"))
 
         @pytest.mark.attncost(n=4096, mode="train", peak_memory_max="40 GB")
         def test_fits(attncost):
