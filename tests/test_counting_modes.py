@@ -9,6 +9,7 @@ The two models are written out here: a nanoGPT-style GPT (one fused ``c_attn``, 
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import warnings
@@ -221,6 +222,7 @@ def test_forward_split(name: str) -> None:
 
 # --- 1. train mode: every backward product in the scope of its forward op --------------------
 
+@functools.cache  # asked here and by test_plugin's fresh-interpreter test (in its process too): once a process
 def train_counts() -> dict[str, Any]:
     """Each model's train-mode records and scopes, and profile()'s split of it: what must not depend on the
     hash seed (JSON-shaped, to compare with another process's)."""

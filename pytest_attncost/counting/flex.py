@@ -348,7 +348,7 @@ def into_records(records: list[Any]) -> Iterator[None]:
 
 
 _SEEN: dict[str, int] = {}  # module name -> id of the module object scanned
-_BOUND: dict[str, list[str]] = {}  # module name -> the globals that held a flex function when scanned (none: absent)
+_BOUND: dict[str, list[str]] = {}  # module name -> the globals that held a flex function when scanned (only those)
 
 
 def _originals() -> dict[int, Callable[..., Any]]:
@@ -373,8 +373,8 @@ def _scan(originals: dict[int, Callable[..., Any]]) -> None:
     for name, module in new:
         _SEEN[name] = id(module)
         namespace = getattr(module, "__dict__", None)
-        keys = [k for k, v in list(namespace.items()) if _replacement(v, originals) is not None] \
-            if isinstance(namespace, dict) else []
+        keys = [] if not isinstance(namespace, dict) else [
+            k for k, v in list(namespace.items()) if _replacement(v, originals) is not None]
         if keys:
             _BOUND[name] = keys
         else:

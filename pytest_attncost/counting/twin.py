@@ -146,8 +146,8 @@ def _copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
             state[key] = type(value)((name, None if child is None else _copy_module(child, memo))
                                      for name, child in value.items())
         elif key in ("_parameters", "_buffers"):  # deepcopy's dict steps, without its memo entry for the dict
-            state[key] = type(value)((name, None if t is None else memo[id(t)] if id(t) in memo
-                                      else copy.deepcopy(t, memo)) for name, t in value.items())
+            state[key] = type(value)((name, None if t is None else copy.deepcopy(t, memo))
+                                     for name, t in value.items())
         elif key in _HOOK_DICTS and type(value) in (dict, OrderedDict):
             state[key] = type(value)()
         else:
