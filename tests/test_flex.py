@@ -203,29 +203,36 @@ def test_a_mask_that_reads_data_in_the_forward_is_counted_in_full_with_a_warning
     assert "build the BlockMask outside the model" in flex_warnings[0]
 
 
-class Compiled(nn.Module):
-    """torchtitan keeps a compiled flex_attention as a class attribute."""
+def compiled() -> nn.Module:
+    """torchtitan keeps a compiled flex_attention as a class attribute. Made by the test that uses it, not at import:
+    torch.compile imports inductor, seconds every xdist worker's collection would pay."""
 
-    flex = torch.compile(flex_attention)
+    class Compiled(nn.Module):
+        flex = torch.compile(flex_attention)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = Model(causal_mask)
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Model(causal_mask)
 
-    def forward(self, ids):
-        x = self.inner.embed(ids)
-        q = x.view(1, ids.shape[1], H, DH).transpose(1, 2)
-        return self.flex(q, q, q).sum()
+        def forward(self, ids):
+            x = self.inner.embed(ids)
+            q = x.view(1, ids.shape[1], H, DH).transpose(1, 2)
+            return self.flex(q, q, q).sum()
+
+    return Compiled()
 
 
 def test_the_stand_ins_are_put_back_and_the_users_model_is_untouched() -> None:
-    model = Compiled()
+    model = compiled()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    globals_before = (flex.flex_attention, flex.create_block_mask, globals()["flex_attention"], Compiled.flex)
+    def bindings():
+        return flex.flex_attention, flex.create_block_mask, globals()["flex_attention"], type(model).flex
+
+    globals_before = bindings()
     for backend in BACKENDS:
         p = profile(model, inputs=(ids(),), backend=backend)
         assert p.attention_core == H * N * N * 2 * DH  # the compiled flex too: QK^T and AV, dense
-    assert (flex.flex_attention, flex.create_block_mask, globals()["flex_attention"], Compiled.flex) == globals_before
+    assert bindings() == globals_before
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.device.type == "cpu" for p in model.parameters())
 
