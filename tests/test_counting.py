@@ -115,7 +115,7 @@ def test_torch_modules_exact(train, batch_first):
     encoder = tm.torch_encoder(batch_first).train(train)
     decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, F, batch_first=batch_first), L).train(train)
     mha = nn.MultiheadAttention(D, H, batch_first=batch_first).train(train)
-    for n, batch in ((512, 2), (2048, 1)):  # two lengths, two batches: the terms scale apart
+    for n, batch in ((128, 1), (512, 2), (2048, 1)):  # three lengths and a second batch: the terms scale apart
         with torch.no_grad():
             enc = profile(encoder, n, batch=batch)
             dec = profile(decoder, n, batch=batch)
