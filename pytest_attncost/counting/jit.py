@@ -112,12 +112,13 @@ class _TraceContext:
             # values only: a size read off a tensor (aten::size feeding a view), a mask or an index carries no
             # product's result
             data = node.kind() not in ("prim::Param", "prim::Constant") and _floating(value)
-            inputs = [item for item in node.inputs() if "Tensor" in str(item.type())] if data else []
-            pending = [item for item in inputs if item.debugName() not in memo]
+            inputs = [item for item in node.inputs() if _holds_tensors(item.type())] if data else []
+            names = [item.debugName() for item in inputs]
+            pending = [item for item, name in zip(inputs, names) if name not in memo]
             if pending:
                 stack.extend(pending)
                 continue
-            reached = [memo[item.debugName()] for item in inputs]
+            reached = [memo[name] for name in names]
             memo[key] = reached[0] if len(reached) == 1 else frozenset().union(*reached)
             stack.pop()
         return memo[start.debugName()]
@@ -175,6 +176,15 @@ class _TraceContext:
 
 
 _NOT_VALUES = frozenset({"Bool", "Byte", "Char", "Short", "Int", "Long"})
+#: Kinds of jit type that never hold a tensor (what ``str`` of them never names): no need to print them.
+_SCALAR_KINDS = frozenset({"IntType", "FloatType", "BoolType", "StringType", "NoneType", "DeviceObjType",
+                           "NumberType", "ComplexType", "SymIntType", "SymFloatType", "SymBoolType"})
+
+
+def _holds_tensors(kind: Any) -> bool:
+    """A tensor, or a list, tuple or optional of tensors (its printed type names one)."""
+    name = kind.kind()
+    return name == "TensorType" or (name not in _SCALAR_KINDS and "Tensor" in str(kind))
 
 
 def _floating(value: Any) -> bool:
