@@ -42,6 +42,14 @@ _TORCH_MULTIPLYING = re.compile(
 _NOT_MULTIPLYING = re.compile(r"(prepack|unpack|_backward_data$|^linear_backward$)")
 
 
+@functools.cache
+def _named(packet: Any) -> tuple[str, bool]:
+    """An op's name as fvcore's records have it (aten.mm -> aten::mm), and whether the name says it multiplies
+    matrices (an op torch has no formula for then makes a count short). Once per op: a count meets each many times."""
+    op = str(packet).replace(".", "::", 1)
+    return op, not _NOT_MULTIPLYING.search(short(op)) and bool(_TORCH_MULTIPLYING.search(short(op)))
+
+
 # Formulas in FLOPs (2 per MAC), as torch's registry returns them; they take the op's arguments.
 def _from_table(op: str) -> Callable[..., int]:
     """A formula for *op* from the op table's MACs of its operands' shapes."""
@@ -216,10 +224,10 @@ class _TorchRecorder:
         return "param" if "param" in found else "buffer" if "buffer" in found else "activation"
 
     def observe(self, packet: Any, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any], formula: Any) -> None:
-        op = str(packet).replace(".", "::", 1)  # aten.mm -> aten::mm, the names fvcore's records use
+        op, multiplying = _named(packet)
         node = torch._C._current_autograd_node()
         if formula is None:
-            if not _NOT_MULTIPLYING.search(short(op)) and _TORCH_MULTIPLYING.search(short(op)):
+            if multiplying:
                 self.unsupported[op] += 1
             if node is None:
                 self._track(op, out, args, kwargs, self._reached(args, kwargs))
