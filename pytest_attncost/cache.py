@@ -105,10 +105,15 @@ class _Describer:
         if isinstance(value, torch.Tensor):  # a tensor kept as a plain attribute, not a buffer
             return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.requires_grad)
         if isinstance(value, torch.nn.Module):
-            name = self.module_names.get(id(value))
-            if name is None:  # a module outside the tree: its structure is not in the key
+            if (name := self.module_names.get(id(value))) is not None:
+                return ("module", name)
+            if value._parameters or value._buffers or value._modules:  # outside the tree: its shapes are not in the key
                 raise Uncacheable(f"a {type(value).__name__} outside the model's tree")
-            return ("module", name)
+            # a module without weights or children kept aside (the kernels package's function wrappers, which
+            # transformers 5.25 puts on every attention module): its type and settings are all it is
+            settings = tuple((key, self.value(v, depth + 1)) for key, v in vars(value).items()
+                             if key not in _module_internals())
+            return ("free module", type(value), settings)
         if isinstance(value, (list, tuple)):
             return (type(value), tuple(self.value(v, depth + 1) for v in value))
         if isinstance(value, (set, frozenset)):

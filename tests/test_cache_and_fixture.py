@@ -133,6 +133,30 @@ def test_functions_and_modules_of_the_tree_stay_cacheable():
     assert _key(model) is None
 
 
+class _Scale(nn.Module):
+    """No weights, no children: kept aside in a dict, as the kernels package keeps its function wrappers."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+def test_a_module_aside_without_weights_is_described_by_its_type_and_settings():
+    model = Picky([1])
+    model.aside = {"scale": _Scale(1.0)}
+    before = _key(model)
+    assert before is not None
+    model.aside = {"scale": _Scale(1.0)}  # another instance, the same type and settings: the same entry
+    assert _key(model) == before
+    model.aside["scale"].factor = 2.0
+    assert _key(model) not in (None, before)
+    model.aside["scale"].inner = nn.Linear(2, 2)  # a child's shape is not in the key
+    assert _key(model) is None
+
+
 @pytest.mark.parametrize("factory", [tm.bert_like, tm.llama_like, tm.gpt2_like, tm.torch_encoder])
 def test_real_models_still_hit_the_cache(factory):
     model = factory()

@@ -1,8 +1,9 @@
 """Today's PyTorch idioms counted like the models they came from (issue 33, parts 2 and 3).
 
-* Activation checkpointing (``torch.utils.checkpoint`` both ways, transformers' ``gradient_checkpointing_enable()``):
-  a checkpointed train step splits exactly like the same step without it, and the forward work run again inside
-  the backward is reported apart (``Profile.recompute``), with model FLOPs (3x the forward) beside hardware FLOPs.
+* Activation checkpointing (``torch.utils.checkpoint`` both ways, transformers' ``gradient_checkpointing_enable()``,
+  from 5.25 ``activation_checkpointing_enable()``): a checkpointed train step splits exactly like the same step
+  without it, and the forward work run again inside the backward is reported apart (``Profile.recompute``), with
+  model FLOPs (3x the forward) beside hardware FLOPs.
 * Graphs without containers (``torch.export``'s ``module()``, ``unflatten``, the ``ExportedProgram`` itself,
   ``torch.fx.symbolic_trace``): scopes come from the nodes' ``nn_module_stack``, so layers, attention and the head
   are found as for the original model; a graph without that metadata is warned.
@@ -179,14 +180,17 @@ def _llama(checkpointing: dict | None) -> nn.Module:
     model = LlamaModel(LlamaConfig(hidden_size=LD, intermediate_size=LI, num_hidden_layers=L, num_attention_heads=LH,
                                    num_key_value_heads=LKV, vocab_size=100, max_position_embeddings=64))
     if checkpointing is not None:
-        model.gradient_checkpointing_enable(**checkpointing)
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.25's name; the old one warns there
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpointing)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing)
     return model.train()
 
 
 @pytest.mark.parametrize(("checkpointing", "mlp"), [
     # non-reentrant (transformers 5's default; 4's is reentrant): down_proj's result is saved by nothing
-    ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, 2 * L_MLP),
-    ({"gradient_checkpointing_kwargs": {"use_reentrant": True}}, 3 * L_MLP),
+    ({"use_reentrant": False}, 2 * L_MLP),
+    ({"use_reentrant": True}, 3 * L_MLP),
 ], ids=["non-reentrant", "reentrant"])
 def test_transformers_gradient_checkpointing_splits_like_the_plain_step(checkpointing: dict, mlp: int) -> None:
     pytest.importorskip("transformers")
