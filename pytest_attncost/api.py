@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from .counting import HOOKS_NOTE, kept_torch_state, masks, model_class, unwrap, 
 from .errors import ProfileError, TimingError
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .formulas import ModelSpec
-from .inputs import Built, build
+from .inputs import Built, build, one_sequence_per_row
 from .request import DEFAULT_REPEATS, DEFAULT_WARMUP, Inputs, Request, positive
 from .result import Profile, Timing
 from .series import DecodeSweep, Sweep, TimingSweep
@@ -172,7 +173,8 @@ def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: An
         raise ProfileError(f"optimizer= must be 'adamw', 'sgd', None or a callable params -> optimizer, "
                            f"got {optimizer!r}")
     stepped = optimizer if counted.mode == "train" else None
-    found = memory_mod.of_profile(target, built.call(), counted, optimizer=stepped, foreach=True)
+    with one_sequence_per_row(target, built.given):
+        found = memory_mod.of_profile(target, built.call(), counted, optimizer=stepped, foreach=True)
     return dataclasses.replace(counted, memory=found, warnings=(*counted.warnings, *found.warnings))
 
 
@@ -183,7 +185,8 @@ def _counted(target: nn.Module, request: Request) -> tuple[Profile, Built | None
         return _hooks_named(cached, target), None
     with kept_torch_state():  # a forward that sets the default dtype or the threads leaves them as they were
         built = build(target, request)
-        result = pipeline.run(target, request, built)
+        with one_sequence_per_row(target, built.given):
+            result = pipeline.run(target, request, built)
     if pipeline.REAL_NOTE not in result.notes:  # a count on real values holds for those values only
         store(key, result)
     return _hooks_named(result, target), built
@@ -217,7 +220,8 @@ def sweep(model: nn.Module | Callable[[], nn.Module], ns: Any, **profile_kwargs:
     memory, optimizer = profile_kwargs.pop("memory", False), profile_kwargs.pop("optimizer", "adamw")
     target, request = _opened(model, Request.of(lengths=lengths, **profile_kwargs))
     if not memory:
-        with kept_torch_state():
+        # the user's inputs= are made per length inside: their positions are not known here, so left to transformers
+        with kept_torch_state(), (one_sequence_per_row(target, None) if request.inputs is None else nullcontext()):
             swept = pipeline.sweep_in_one_run(target, request)
         if swept is not None:
             return Sweep([_hooks_named(p, target) for p in swept], one_run=True)
@@ -288,7 +292,9 @@ def measure(
     model = _exported(model)  # after the arguments' checks: exported.module() builds a module
     target, request = _opened(model, request)
     counted, built = _counted(target, request)
-    return timing.time_forward(counted, model, built or build(target, request), runs)  # cached: inputs built here
+    built = built or build(target, request)  # cached: inputs built here
+    with one_sequence_per_row(target, built.given):
+        return timing.time_forward(counted, model, built, runs)
 
 
 def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None, inputs: Any = None,
@@ -322,7 +328,8 @@ def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             real = model()
-    return memory_mod.measure_memory(real, estimated, built, memory_mod.Step(mode, optimizer), where)
+    with one_sequence_per_row(target, built.given):
+        return memory_mod.measure_memory(real, estimated, built, memory_mod.Step(mode, optimizer), where)
 
 
 def measure_sweep(model: Any, ns: Sequence[int], **measure_kwargs: Any) -> TimingSweep:

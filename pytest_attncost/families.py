@@ -223,7 +223,7 @@ def default_inputs(model: nn.Module, n: int | None, batch: int, m: int | None = 
     meta = torch.device("meta")
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "model_type"):
-        params = _forward_params(model)
+        params = forward_params(model)
         main = getattr(model, "main_input_name", "input_ids")
         kwargs: dict[str, Any] = {}
         if main == "input_ids":
@@ -387,7 +387,7 @@ DECODE_INPUTS_HINT = ("pass inputs= as a callable (n, batch) -> dict that builds
                       "and a cache holding n tokens (meta tensors cost nothing)")
 
 
-def _forward_params(model: nn.Module) -> Mapping[str, Any]:
+def forward_params(model: nn.Module) -> Mapping[str, Any]:
     try:
         return inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -413,7 +413,7 @@ def decode_inputs(model: nn.Module, n: int, new_tokens: int, batch: int,
                           f"{DECODE_INPUTS_HINT}")
     if getattr(model, "main_input_name", "input_ids") != "input_ids":
         raise ProfileError(f"{name} does not take token ids; {DECODE_INPUTS_HINT}")
-    params = _forward_params(model)
+    params = forward_params(model)
     cache_name = next((arg for arg in ("cache", "past_key_values") if arg in params), None)
     if cache_name is None:
         raise ProfileError(f"{name}.forward takes no cache (neither cache= nor past_key_values=); {DECODE_INPUTS_HINT}")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -19,8 +22,8 @@ from .formulas import ModelSpec
 from .parts import Split
 from .request import Request
 
-__all__ = ["Built", "Ran", "build", "cache_bytes", "decode_lengths", "folded_sequences", "fresh", "read_lengths",
-           "to_meta", "to_real", "token_shape", "user_inputs"]
+__all__ = ["Built", "Ran", "build", "cache_bytes", "decode_lengths", "folded_sequences", "fresh",
+           "one_sequence_per_row", "read_lengths", "to_meta", "to_real", "token_shape", "user_inputs"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -80,6 +83,31 @@ def build(target: nn.Module, request: Request) -> Built:
     given = user_inputs(inputs, n, batch)
     args, kwargs = to_meta(given)
     return Built(args, kwargs, given)
+
+
+@contextlib.contextmanager
+def one_sequence_per_row(target: nn.Module, given: Call | None) -> Iterator[None]:
+    """While the plugin runs *target*, positions the user did not give hold one sequence per row.
+
+    Where no attention mask is given, transformers looks for packed sequences in the position ids (a new sequence
+    wherever they do not step by one). Fake tensors and traces have no values, so it takes them as packed and builds
+    a ``[b, 1, n, n]`` mask that a real run of the same call skips (a LLaMA's own positions, 0 .. n-1), and the
+    plugin's stand-in positions (zeros, which reach past max_position_embeddings) read as packed on real tensors
+    too. Unless the user's inputs (*given*; None: the plugin's own) carry position ids, the search finds none."""
+    masking = sys.modules.get("transformers.masking_utils")
+    if masking is None or not hasattr(masking, "find_packed_sequence_indices") or _gives_positions(target, given):
+        yield
+        return
+    with mock.patch.object(masking, "find_packed_sequence_indices", new=lambda *args, **kwargs: None):
+        yield
+
+
+def _gives_positions(target: nn.Module, given: Call | None) -> bool:
+    if given is None:
+        return False
+    args, kwargs = given
+    params = list(families.forward_params(target))
+    return "position_ids" in kwargs or ("position_ids" in params and params.index("position_ids") < len(args))
 
 
 def to_real(value: Any) -> Any:

@@ -281,9 +281,23 @@ def test_a_mask_transformers_builds_only_on_fake_tensors_is_named():
     # fake tensors read as tracing: a [2, 1, 48, 48] bool mask the real run (an all-ones mask, sdpa) skips
     assert measured.estimate.mask_bytes == BATCH * N * N == measured.difference
     assert any("[2, 1, 48, 48] bool mask (4,608 B)" in note for note in measured.estimate.notes)
-    # without an attention_mask both runs build the same mask (the default inputs: equal to the byte, above)
+    # without an attention_mask neither run builds one (the next test)
     default = profile(tiny_models.llama_like, N, batch=BATCH, memory=True)
     assert not any("bool mask" in note for note in default.memory.notes)
+
+
+@pytest.mark.parametrize("factory", [tiny_models.llama_like, tiny_models.bert_like])
+def test_positions_the_user_did_not_give_hold_one_sequence_a_row(factory):
+    # Without an attention_mask transformers looks for packed sequences in the position ids: on fake tensors it
+    # cannot read them and built a [2, 1, 48, 48] mask (LLaMA since 5.0, BERT since 5.25) that `model(input_ids)`
+    # skips, and the plugin's zero positions read as packed in the real run too
+    measured = measure_memory(factory, N, batch=BATCH)
+    assert measured.estimate.mask_bytes == 0 and measured.difference == 0, measured
+    # positions the user gives are transformers' to read: two sequences a row, the mask in both runs
+    packed = {"input_ids": torch.zeros(BATCH, N, dtype=torch.long), "use_cache": False,
+              "position_ids": torch.arange(N).remainder(N // 2).expand(BATCH, N)}
+    measured = measure_memory(factory, inputs=packed)
+    assert measured.estimate.mask_bytes == BATCH * N * N and measured.difference == 0, measured
 
 
 def test_an_optimizer_of_your_own_runs_in_both_steps():
