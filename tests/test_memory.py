@@ -73,6 +73,7 @@ def test_estimate_equals_the_real_cpu_peak(factory, mode):
     assert abs(measured.difference) <= 4096, measured
     assert measured.source == "torch.profiler memory records"
     estimate = measured.estimate
+    assert estimate.mask_bytes == 0  # no [2, 1, 48, 48] mask (4,608 B) on either side: see the positions' test below
     assert sum(estimate.at_peak.values()) == estimate.peak
     if mode == "train":
         assert estimate.phase == "optimizer"  # tiny models: AdamW's foreach temporaries top the saved activations
@@ -286,17 +287,15 @@ def test_a_mask_transformers_builds_only_on_fake_tensors_is_named():
     assert not any("bool mask" in note for note in default.memory.notes)
 
 
-@pytest.mark.parametrize("factory", [tiny_models.llama_like, tiny_models.bert_like])
-def test_positions_the_user_did_not_give_hold_one_sequence_a_row(factory):
-    # Without an attention_mask transformers looks for packed sequences in the position ids: on fake tensors it
-    # cannot read them and built a [2, 1, 48, 48] mask (LLaMA since 5.0, BERT since 5.25) that `model(input_ids)`
-    # skips, and the plugin's zero positions read as packed in the real run too
-    measured = measure_memory(factory, N, batch=BATCH)
-    assert measured.estimate.mask_bytes == 0 and measured.difference == 0, measured
-    # positions the user gives are transformers' to read: two sequences a row, the mask in both runs
+def test_positions_the_user_gives_are_transformers_to_read():
+    # Without an attention_mask transformers looks for packed sequences in the position ids. On fake tensors it
+    # cannot read them and took them as packed, building a [2, 1, 48, 48] mask (LLaMA's family since 5.0, BERT's
+    # since 5.25) that `model(input_ids)` skips, and the plugin's zero positions read as packed in the real run too:
+    # positions the user did not give hold one sequence a row (the test above). Two sequences a row, given: the
+    # mask in both runs.
     packed = {"input_ids": torch.zeros(BATCH, N, dtype=torch.long), "use_cache": False,
               "position_ids": torch.arange(N).remainder(N // 2).expand(BATCH, N)}
-    measured = measure_memory(factory, inputs=packed)
+    measured = measure_memory(tiny_models.llama_like, inputs=packed)
     assert measured.estimate.mask_bytes == BATCH * N * N and measured.difference == 0, measured
 
 
