@@ -346,6 +346,8 @@ def estimate(twin: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step
 
 def _step(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step: Step, run: _Run) -> Memory:
     """One forward (no grad) or one training step under *run*'s ledger, on fake tensors already made."""
+    from .counting.twin import as_if_compiling
+
     args, kwargs = call
     train, ledger = step.train, run.ledger
     params = [p for p in model.parameters() if p.requires_grad]
@@ -368,7 +370,8 @@ def _step(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step: 
     try:
         with live, run.saving if train else contextlib.nullcontext(), torch.set_grad_enabled(train), \
                 torch.autograd.graph.saved_tensors_hooks(run.pack, lambda t: t):
-            output = model(*args, **kwargs)
+            with as_if_compiling():  # library code skips its reads of values, as in the torch backend's count
+                output = model(*args, **kwargs)  # (the forward only: torch's optimizers take other paths under it)
             saved, matrices, in_layers = run.saved_now()
             if train:
                 loss = loss_of(output)
