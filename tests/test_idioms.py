@@ -231,7 +231,10 @@ def test_a_graph_is_split_like_the_model_it_came_from(graphs: dict[str, object],
 
 
 def test_an_exported_transformers_model_keeps_its_layers_and_head() -> None:
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("transformers 4's LLaMA builds its causal mask with vmap over a value read, which torch.export "
+                    "cannot export (the user's export fails before any count)")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     vocab = 100
