@@ -363,6 +363,21 @@ def traceable() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def no_padding_check() -> Iterator[None]:
+    """transformers 4 reads two token ids of every forward to warn of padding without an attention mask (not while
+    tracing or compiling); fake tensors have no values to read, so the memory estimate leaves the check out (the
+    estimate runs as a real forward does otherwise: under a compile flag transformers would build masks a real
+    run skips)."""
+    modeling = sys.modules.get("transformers.modeling_utils")
+    base = getattr(modeling, "PreTrainedModel", None)
+    if base is None or not hasattr(base, "warn_if_padding_and_no_attention_mask"):
+        yield
+        return
+    with mock.patch.object(base, "warn_if_padding_and_no_attention_mask", new=lambda *args, **kwargs: None):
+        yield
+
+
 def experts_of(model: nn.Module) -> dict[str, int]:
     """Modules holding mixture-of-experts weights -> number of experts: a module with ``num_experts`` and stacked
     expert weights (a 3-D parameter ``[E, ., .]``, transformers 5), or a ``ModuleList`` / ``ModuleDict`` ``experts``."""

@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import ProfileError
+from .errors import ProfileError, site
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import CATEGORIES, OPTIMIZERS, Memory
 from .inputs import Built, remade
@@ -49,8 +49,11 @@ _OPAQUE = frozenset({"_transformer_encoder_layer_fwd", "_native_multi_head_atten
 OPAQUE_WARNING = ("{ops} ran (the eval fast path of torch's Transformer modules): its CPU kernel allocates buffers "
                "inside itself that its fake kernel does not, so the forward's estimate may be low; check it with "
                "measure_memory()")
-NO_FAKE_KERNEL = ("the memory estimate could not run {model} on fake tensors ({reason}); a custom op needs a fake "
-                  "(meta) kernel to be estimated (torch.library.register_fake), or profile without memory=True")
+NO_FAKE_KERNEL = ("the memory estimate could not run {model} on fake tensors{where} ({reason}); {fix}, or profile "
+                  "without memory=True")
+CUSTOM_OP = "a custom op needs a fake (meta) kernel to be estimated (torch.library.register_fake)"
+READS_VALUES = ("forward() reads tensor values (.item(), bool(tensor), .tolist()), which fake tensors do not have: "
+                "read them from the config or the inputs' shapes")
 NO_GRAD_OUTPUT = "mode='train' needs an output that requires grad; none of {model}'s outputs did"
 
 
@@ -341,12 +344,14 @@ def estimate(twin: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step
         raise
     except Exception as exc:  # noqa: BLE001 - the model's reason, reported whole
         reason = f"{type(exc).__name__}: {exc}".strip()[:400]
-        raise ProfileError(NO_FAKE_KERNEL.format(model=type(twin).__name__, reason=reason)) from exc
+        fix = READS_VALUES if "DataDependentOutput" in reason or "_local_scalar_dense" in reason else CUSTOM_OP
+        raise ProfileError(NO_FAKE_KERNEL.format(model=type(twin).__name__, where=site(exc, twin), reason=reason,
+                                                 fix=fix)) from exc
 
 
 def _step(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step: Step, run: _Run) -> Memory:
     """One forward (no grad) or one training step under *run*'s ledger, on fake tensors already made."""
-    from .counting.twin import as_if_compiling
+    from . import families
 
     args, kwargs = call
     train, ledger = step.train, run.ledger
@@ -370,8 +375,8 @@ def _step(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step: 
     try:
         with live, run.saving if train else contextlib.nullcontext(), torch.set_grad_enabled(train), \
                 torch.autograd.graph.saved_tensors_hooks(run.pack, lambda t: t):
-            with as_if_compiling():  # library code skips its reads of values, as in the torch backend's count
-                output = model(*args, **kwargs)  # (the forward only: torch's optimizers take other paths under it)
+            with families.no_padding_check():
+                output = model(*args, **kwargs)
             saved, matrices, in_layers = run.saved_now()
             if train:
                 loss = loss_of(output)

@@ -299,6 +299,25 @@ def test_positions_the_user_gives_are_transformers_to_read():
     assert measured.estimate.mask_bytes == BATCH * N * N and measured.difference == 0, measured
 
 
+class _Gated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.up(x) if bool(x.sum() > 0) else x  # a value read: fake tensors have no value to give
+
+
+def test_a_forward_that_reads_values_is_refused_with_the_cause_and_where():
+    with pytest.raises(ProfileError) as raised:
+        profile(_Gated(), 4, inputs=(torch.ones(1, 4, 8),), roles={"ffn": ["up"]}, memory=True)
+    message = str(raised.value)
+    assert "the memory estimate could not run _Gated on fake tensors" in message
+    assert "forward() reads tensor values" in message and "custom op" not in message
+    assert "test_memory.py" in message and "bool(x.sum() > 0)" in message  # the user's line
+    assert message.endswith("or profile without memory=True")
+
+
 def test_an_optimizer_of_your_own_runs_in_both_steps():
     def adam_single_tensor(params):
         return torch.optim.Adam(params, foreach=False)
