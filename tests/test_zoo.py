@@ -453,6 +453,9 @@ COPIED = {
     "gpt-neo-eager": ("h.2",),
     "gemma2-eager": (),  # sliding and global layers alternate
     "albert-sdpa": (),  # one layer module run three times
+    # alike, though each attention module holds its own function wrappers (kernels, transformers 5.25)
+    "llama-sdpa": ("layers.2",),
+    "qwen3-sdpa": ("layers.2",),
 }
 
 
