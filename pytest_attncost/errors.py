@@ -67,14 +67,17 @@ _NOT_THE_MODEL = tuple(f"{os.sep}{name}{os.sep}"
                        for name in ("torch", "fvcore", "pytest_attncost", "_pytest", "pluggy"))
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
+#: What a failure's message says when the forward read a tensor's values, which meta and fake tensors lack.
+VALUE_READS = ("Cannot copy out of meta tensor", "on meta tensors", "DataDependentOutput", "data-dependent",
+               "_local_scalar_dense", "cannot be converted to Python")
+
 #: A failure's cause, told by its message, and the fix for it (the first that matches).
 _CAUSES = (
     (("unsupported scalarType", "autocast"),
      "the model enters torch.autocast (or asks for its dtype) with device_type taken from a tensor, which is "
      "'meta' while counting and unknown to autocast: take the device type from the config or guard it with "
      "`if x.device.type != 'meta'`, or pass the model built on the CPU (not a factory)"),
-    (("Cannot copy out of meta tensor", "on meta tensors", "DataDependentOutput", "data-dependent",
-      "_local_scalar_dense", "cannot be converted to Python"),
+    (VALUE_READS,
      "forward() reads tensor values (.item(), bool(tensor), .tolist(), printing, .cpu() or numpy), which a "
      "counted forward does not have: read them from the config or the inputs' shapes, or pass the model built "
      "on the CPU (not a factory) so that the torch backend runs it on real tensors at small n"),

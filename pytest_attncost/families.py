@@ -350,32 +350,37 @@ def prepare_twin(twin: nn.Module) -> list[str]:
 
 
 @contextlib.contextmanager
-def traceable() -> Iterator[None]:
+def _stubbed(module: str, owner: str | None, name: str) -> Iterator[None]:
+    """transformers' *name* (on class *owner* of *module*, or the module's own function) does nothing and returns
+    None for the duration; nothing is stubbed where transformers has not loaded that module or has no *name*."""
+    where = sys.modules.get(f"transformers.{module}")
+    where = getattr(where, owner, None) if owner is not None else where
+    if where is None or not hasattr(where, name):
+        yield
+        return
+    with mock.patch.object(where, name, new=lambda *args, **kwargs: None):
+        yield
+
+
+def no_packed_sequences() -> contextlib.AbstractContextManager[None]:
+    """transformers' search for packed sequences in the position ids finds none (see inputs.one_sequence_per_row)."""
+    return _stubbed("masking_utils", None, "find_packed_sequence_indices")
+
+
+def traceable() -> contextlib.AbstractContextManager[None]:
     """transformers 4 looks for packed sequences in the position ids and, under a trace, builds their mask with
     vmap indexing that torch's jit tracer cannot follow (``_Map_base::at``). On the meta device positions have
     no values to pack, so while fvcore traces the search finds none (transformers 5 traces it as it is)."""
-    masking = sys.modules.get("transformers.masking_utils")
     version = getattr(sys.modules.get("transformers"), "__version__", "5")
-    if masking is None or not hasattr(masking, "find_packed_sequence_indices") or int(version.split(".")[0]) >= 5:
-        yield
-        return
-    with mock.patch.object(masking, "find_packed_sequence_indices", new=lambda *args, **kwargs: None):
-        yield
+    return no_packed_sequences() if int(version.split(".")[0]) < 5 else contextlib.nullcontext()
 
 
-@contextlib.contextmanager
-def no_padding_check() -> Iterator[None]:
+def no_padding_check() -> contextlib.AbstractContextManager[None]:
     """transformers 4 reads two token ids of every forward to warn of padding without an attention mask (not while
     tracing or compiling); fake tensors have no values to read, so the memory estimate leaves the check out (the
     estimate runs as a real forward does otherwise: under a compile flag transformers would build masks a real
     run skips)."""
-    modeling = sys.modules.get("transformers.modeling_utils")
-    base = getattr(modeling, "PreTrainedModel", None)
-    if base is None or not hasattr(base, "warn_if_padding_and_no_attention_mask"):
-        yield
-        return
-    with mock.patch.object(base, "warn_if_padding_and_no_attention_mask", new=lambda *args, **kwargs: None):
-        yield
+    return _stubbed("modeling_utils", "PreTrainedModel", "warn_if_padding_and_no_attention_mask")
 
 
 def experts_of(model: nn.Module) -> dict[str, int]:

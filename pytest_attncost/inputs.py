@@ -5,11 +5,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 import torch
 from torch import nn
@@ -94,11 +92,7 @@ def one_sequence_per_row(target: nn.Module, given: Call | None) -> Iterator[None
     a ``[b, 1, n, n]`` mask that a real run of the same call skips (a LLaMA's own positions, 0 .. n-1), and the
     plugin's stand-in positions (zeros, which reach past max_position_embeddings) read as packed on real tensors
     too. Unless the user's inputs (*given*; None: the plugin's own) carry position ids, the search finds none."""
-    masking = sys.modules.get("transformers.masking_utils")
-    if masking is None or not hasattr(masking, "find_packed_sequence_indices") or _gives_positions(target, given):
-        yield
-        return
-    with mock.patch.object(masking, "find_packed_sequence_indices", new=lambda *args, **kwargs: None):
+    with contextlib.nullcontext() if _gives_positions(target, given) else families.no_packed_sequences():
         yield
 
 

@@ -30,7 +30,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import ProfileError, site
+from . import families
+from .errors import VALUE_READS, ProfileError, site
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .footprint import CATEGORIES, OPTIMIZERS, Memory
 from .inputs import Built, remade
@@ -344,15 +345,13 @@ def estimate(twin: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step
         raise
     except Exception as exc:  # noqa: BLE001 - the model's reason, reported whole
         reason = f"{type(exc).__name__}: {exc}".strip()[:400]
-        fix = READS_VALUES if "DataDependentOutput" in reason or "_local_scalar_dense" in reason else CUSTOM_OP
+        fix = READS_VALUES if any(needle in reason for needle in VALUE_READS) else CUSTOM_OP
         raise ProfileError(NO_FAKE_KERNEL.format(model=type(twin).__name__, where=site(exc, twin), reason=reason,
                                                  fix=fix)) from exc
 
 
 def _step(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], step: Step, run: _Run) -> Memory:
     """One forward (no grad) or one training step under *run*'s ledger, on fake tensors already made."""
-    from . import families
-
     args, kwargs = call
     train, ledger = step.train, run.ledger
     params = [p for p in model.parameters() if p.requires_grad]

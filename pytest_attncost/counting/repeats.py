@@ -63,8 +63,7 @@ def _same(a: Any, b: Any) -> bool:
         return _same(a.func, b.func) and _same(a.args, b.args) and _same(a.keywords, b.keywords)
     if isinstance(a, nn.Module):  # one kept aside per instance, without weights or children (the kernels package's
         # function wrappers, which transformers 5.25 keeps in every attention module): the same when its settings are
-        return not any((*vars(m)["_parameters"], *vars(m)["_buffers"], *vars(m)["_modules"]) for m in (a, b)) \
-            and _same(vars(a), vars(b))
+        return not any(m._parameters or m._buffers or m._modules for m in (a, b)) and _same(vars(a), vars(b))
     return False  # other objects (tensors, functions, configs) only when they are the same one
 
 
