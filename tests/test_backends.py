@@ -1,4 +1,4 @@
-"""Two counters: fvcore (jit trace) and torch's FlopCounterMode (dispatcher, fake tensors)."""
+"""Two counters: fvcore (jit trace) and torch's FlopCounterMode (dispatcher; meta tensors, else fake ones)."""
 
 import json
 
@@ -29,6 +29,40 @@ def test_backends_agree_on_vit_and_torch_modules():
         for n in (128, 2048):
             want = expected(n, 1, **{**shape, "cross_m": n} if "cross_m" in shape else shape)
             assert parts(profile(model, n)) == parts(profile(model, n, backend="torch")) == want
+
+
+class _CopiesToTheCpu(nn.Module):
+    """Runs on fake tensors (a fake copy on the CPU) but not on bare meta ones (a meta tensor cannot be copied)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x.cpu().to(x.device))
+
+
+def test_the_torch_backend_counts_on_meta_tensors_and_on_fake_ones_where_those_cannot_run(monkeypatch):
+    """Fake tensors dispatch every op in Python (twice the time of the meta kernels alone): the torch backend makes
+    none where the twin's meta tensors run the model, in forward, train and one-run sweeps alike."""
+    from torch._subclasses import fake_tensor
+
+    from pytest_attncost.api import sweep
+
+    made = []
+    init = fake_tensor.FakeTensorMode.__init__
+    monkeypatch.setattr(fake_tensor.FakeTensorMode, "__init__",
+                        lambda self, *args, **kwargs: made.append(1) or init(self, *args, **kwargs))
+    forward = profile(tm.bert_like, 16, backend="torch")
+    train = profile(tm.bert_like, 16, mode="train")
+    swept = sweep(tm.llama_like, [16, 40], backend="torch")
+    assert made == [] and swept.one_run
+    assert parts(forward) == expected(16, 1) and parts(train) == tuple(3 * x for x in expected(16, 1))
+    assert parts(swept[1]) == parts(profile(tm.llama_like, 40, backend="torch"))
+    # the same count on fake tensors where the meta ones fail: 2 x 4 tokens through one 8 x 8 Linear
+    odd = _CopiesToTheCpu()
+    counted = profile(odd, 4, inputs=(torch.zeros(2, 4, 8),), roles={"ffn": ["lin"]}, backend="torch")
+    assert (counted.ffn, counted.fallback) == (2 * 4 * 8 * 8, None) and made
 
 
 def test_hand_written_attention_agrees():

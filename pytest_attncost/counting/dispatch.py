@@ -1,6 +1,7 @@
-"""The torch backend: torch's ``FlopCounterMode`` at the dispatcher, on fake tensors, with a recorder that gives
-every op the scope, origin and mask label fvcore's records have. Train mode and checkpointing: docs/split.md;
-several lengths at once (:mod:`~pytest_attncost.one_run`, split per length by :func:`at_lengths`): docs/sweeps.md."""
+"""The torch backend: torch's ``FlopCounterMode`` at the dispatcher, on meta tensors (fake ones where bare meta
+tensors cannot run the model), with a recorder that gives every op the scope, origin and mask label fvcore's records
+have. Train mode and checkpointing: docs/split.md; several lengths at once (:mod:`~pytest_attncost.one_run`, split
+per length by :func:`at_lengths`): docs/sweeps.md."""
 
 from __future__ import annotations
 
@@ -418,7 +419,8 @@ def count_forward_torch(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, train: bool = False, fake: bool = True,
     buffer_masks: Mapping[str, Pattern] | None = None,
 ) -> RawCount:
-    """Count with torch's ``FlopCounterMode`` at the dispatcher, on fake tensors (no memory, no arithmetic).
+    """Count with torch's ``FlopCounterMode`` at the dispatcher, on the twin's meta tensors where they run the
+    model, else on fake tensors (neither has memory or arithmetic).
 
     *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the outputs), so backward
     products are counted as executed, each in the scope (and with the origin and mask) of the forward op it
@@ -432,21 +434,34 @@ def count_forward_torch(
     """
     refuse_scripted(model)
     how = _How(train, fake, buffer_masks)
-    if one_run.swept((args, kwargs)):  # one run for several lengths: meta tensors of swept sizes
-        if train:
-            raise CountError("train mode counts one length at a time")
-        with one_run.enabled():
-            return _count_torch(model, args, kwargs, how, shortcut=True)
-    return _count_torch(model, args, kwargs, how, shortcut=fake and not train)
+    swept = one_run.swept((args, kwargs))  # one run for several lengths: meta tensors of swept sizes
+    if swept and train:
+        raise CountError("train mode counts one length at a time")
+    with one_run.enabled() if swept else contextlib.nullcontext():
+        if fake and _all_meta(model, (args, kwargs)):
+            try:  # the same ops on the same sizes, without fake tensors' dispatch in Python (half the time or less)
+                return _count_torch(model, args, kwargs, dataclasses.replace(how, bare=True), shortcut=not train)
+            except RecursionError:
+                raise
+            except Exception:  # noqa: BLE001 - fake tensors run more than bare meta ones (their own kernels, their
+                pass  # fallbacks): their count, or their reason, is the answer (a length's decision diverges on both)
+        return _count_torch(model, args, kwargs, how, shortcut=swept or (fake and not train))
+
+
+def _all_meta(model: nn.Module, inputs: Any) -> bool:
+    """Whether every tensor a run starts from is a meta tensor (the twin's weights, the inputs)."""
+    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves(inputs)]
+    return all(t.is_meta for t in leaves if isinstance(t, torch.Tensor))
 
 
 @dataclasses.dataclass(frozen=True)
 class _How:
-    """How :func:`count_forward_torch` counts (its keyword arguments)."""
+    """How :func:`count_forward_torch` counts (its keyword arguments; *bare*: on the meta tensors as they are)."""
 
     train: bool
     fake: bool
     buffer_masks: Mapping[str, Pattern] | None
+    bare: bool = False
 
 
 def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
@@ -509,13 +524,13 @@ def _fake(mode: Any, leaf: torch.Tensor, made: dict[int, Any]) -> Any:
 def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
                recorder: _TorchRecorder) -> RawCount:
     counter = _torch_counter(recorder)
-    mode = _mode(how.fake, how.fake and one_run.swept((args, kwargs)))
+    mode = contextlib.nullcontext() if how.bare else _mode(how.fake, how.fake and one_run.swept((args, kwargs)))
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
         compiling = as_if_compiling() if how.fake else contextlib.nullcontext()
         with no_global_hooks(), torch.random.fork_rng(devices=[]), meta_autocast(), compiling, mode:
-            if how.fake:
+            if how.fake and not how.bare:
                 made: dict[int, Any] = {}
                 args, kwargs = pytree.tree_map_only(torch.Tensor, lambda leaf: _fake(mode, leaf, made), (args, kwargs))
             with counter, torch.set_grad_enabled(how.train), _Einsums(recorder), flex.into_records(recorder.records):
