@@ -10,7 +10,10 @@ from collections.abc import Iterable, Sequence
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product
 
-__all__ = ["Flow", "first_matrix", "rows", "table", "width_of"]
+__all__ = ["NARROW", "Flow", "first_matrix", "rows", "table", "width_of"]
+
+#: The most consumers a product of :attr:`Flow.narrow`'s lists has.
+NARROW = 64
 
 
 class Flow:
@@ -28,8 +31,8 @@ class Flow:
         self.products = [i for i, r in enumerate(records)
                          if r.backward_of is None and (is_product(r.op) or is_fused(r.op))]
         self.consumers: dict[int, list[int]] = {i: [] for i in self.products}
-        for i in self.products:
-            for source in sorted(records[i].fed_by):
+        for i in self.products:  # each list in graph order, as i comes
+            for source in records[i].fed_by:
                 if source in self.consumers:
                     self.consumers[source].append(i)
         parent: dict[int, int] = {}
@@ -102,6 +105,19 @@ class Flow:
         records = self.records
         return dict.fromkeys(i for i in self.products if records[i].origin == "param" and i not in self.group_of
                              and not table(records[i]))
+
+    @functools.cached_property
+    def narrow(self) -> dict[int, list[int]]:
+        """Product -> the matrix products among its sources that have at most :data:`NARROW` consumers, in graph
+        order. A residual stream's products feed every later layer, so each product's sources grow with the depth;
+        these lists do not, and they are made from the consumers' side in time linear in the model."""
+        found: dict[int, list[int]] = {}
+        for s in self.matrices:  # in graph order, so each list is too
+            users = self.consumers[s]
+            if len(users) <= NARROW:
+                for u in users:
+                    found.setdefault(u, []).append(s)
+        return found
 
     @functools.cached_property
     def attending(self) -> frozenset[str]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
-from .flow import Flow, rows, table, width_of
+from .flow import NARROW, Flow, rows, table, width_of
 from .ops import OpRecord, ancestors, is_fused, is_product, parent, within
 from .request import COMPONENTS
 
@@ -80,12 +80,19 @@ def _projections(flow: Flow, group: list[int], allowed: frozenset[int] | None) -
     inner: list[int] = []
     frontier = list(entry)
     tokens = query_rows(flow, group, entry)
+    matrices, consumers, narrow = flow.matrices, flow.consumers, flow.narrow
     while frontier:  # products that feed only projections of this call are projections (low-rank chains), on
         # the tokens' rows (a modulation of the batch's conditioning that feeds them is conditioning, not a projection)
-        for i in flow.params(sorted(records[frontier.pop()].fed_by)):
-            users = flow.consumers[i]
-            if i not in found and ok(i) and users and all(u in found or u in cores for u in users) \
-                    and rows(records[i]) >= tokens:
+        user = frontier.pop()
+        few = narrow.get(user, [])
+        # a product with more consumers than this call can hold is none; while the call and every narrow source
+        # together stay within NARROW, the products with more consumers (a residual stream's) need no look
+        sources = few if len(found) + len(cores) + len(few) <= NARROW else sorted(
+            s for s in records[user].fed_by if s in matrices)
+        for i in sources:
+            users = consumers[i]
+            if i not in found and ok(i) and users and len(users) <= len(found) + len(cores) \
+                    and all(u in found or u in cores for u in users) and rows(records[i]) >= tokens:
                 found.add(i)
                 inner.append(i)
                 frontier.append(i)

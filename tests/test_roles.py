@@ -179,3 +179,30 @@ def test_products_on_the_batchs_rows_are_conditioning_and_lora_takes_the_part_it
     split = parts.split(records, structure.roles(), structure=structure)
     assert split.conditioning == {"b.0.mod": 10} and split.other == 10
     assert parts.split_notes(split, structure) == [parts.CONDITIONING_NOTE.format(modules="b.0.mod", macs=10)]
+
+
+def test_a_deep_residual_stream_splits_each_layer_with_sources_linear_in_depth() -> None:
+    # 40 layers on one residual stream: each reads every earlier layer's o and down products, so a product's
+    # sources grow with the depth; a low-rank query (q_a -> q_b) in every layer is found all the same
+    from pytest_attncost.flow import NARROW, Flow
+
+    records: list[OpRecord] = [param("embed")]
+    stream = [0]
+    for k in range(40):
+        s, at = len(records), f"layers.{k}"
+        records += [param(f"{at}.attn.q_a", *stream), param(f"{at}.attn.q_b", s), param(f"{at}.attn.k", *stream),
+                    param(f"{at}.attn.v", *stream), act(f"{at}.attn", (s + 1,), (s + 2,)),
+                    act(f"{at}.attn", (s + 4,), (s + 3,), out=(2, 4, 8, 2)), param(f"{at}.attn.o", s + 5),
+                    param(f"{at}.mlp.up", *stream, s + 6), param(f"{at}.mlp.down", s + 7)]
+        stream += [s + 6, s + 8]
+    proj, core, ffn = "attention_proj", "attention_core", "ffn"
+    structure = roles.find_structure(records, ["layers"])
+    assert list(structure.parts) == ["other"] + [proj, proj, proj, proj, core, core, proj, ffn, ffn] * 40
+    # the narrow sources are the matrix sources with at most NARROW consumers, in graph order; the stream's
+    # first products feed 4 products a layer after them (q_a, k, v, up): far more
+    flow = Flow(records)
+    for user in flow.products:
+        assert flow.narrow.get(user, []) == [s for s in sorted(records[user].fed_by) if s in flow.matrices
+                                             and len(flow.consumers[s]) <= NARROW]
+    assert len(flow.consumers[7]) > NARROW and 7 not in flow.narrow[len(records) - 9]  # layer 0's o, layer 39's q_a
+    assert flow.narrow[len(records) - 8] == [len(records) - 9]  # layer 39's q_b is fed by its q_a
