@@ -13,6 +13,8 @@ from pytest_attncost import Formula, ModelSpec, sweep
 from pytest_attncost.conventions import audit
 from pytest_attncost.markers import MarkerError, parse_marker_kwargs
 
+pytestmark = pytest.mark.shared_profiles  # its runs are about a user's formula and its verdicts (conftest.project)
+
 # a tiny LLaMA: vocabulary, width, layers, query heads, K/V heads, head size, FFN width
 V, D, L, H, G, Q, F = 100, 64, 2, 4, 2, 16, 96
 LENGTHS = [16, 32, 64]

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.shared_profiles  # its runs are about switching the plugin off (conftest.project)
+
 BROKEN = """
 import pytest
 from tiny_models import bert_like

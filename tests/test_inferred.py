@@ -11,6 +11,8 @@ from torch import nn
 
 from pytest_attncost import ModelSpec, profile
 
+pytestmark = pytest.mark.shared_profiles  # its runs are about the spec inferred and shown (conftest.project)
+
 N, D, HEADS, LAYERS = 32, 64, 4, 2
 
 

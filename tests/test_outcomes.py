@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.shared_profiles  # its runs are about outcomes and failure text (conftest.project)
+
 BROKEN = "@pytest.mark.attncost(n=512, attention_share_max=0.5)"  # bert_like at 512: share 0.600
 
 

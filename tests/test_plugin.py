@@ -8,6 +8,8 @@ import pytest
 
 from pytest_attncost.markers import NO_PROFILE
 
+pytestmark = pytest.mark.shared_profiles  # its runs are about options, reports and sessions (conftest.project)
+
 # bert_like at n=512: share = (4*128 + 2*512) / (4*128 + 2*512 + 8*128) = 0.6
 # bert_like at n=128: share = (512 + 256) / (512 + 256 + 1024) = 0.428...; crossover n = 2hd = 256
 

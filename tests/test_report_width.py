@@ -9,6 +9,8 @@ import pytest
 
 from pytest_attncost.reporting import Row, render_terminal
 
+pytestmark = pytest.mark.shared_profiles  # its runs are about the report's columns (conftest.project)
+
 EXAMPLES = Path(__file__).parent.parent / "examples" / "attncost-baseline.json"
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.shared_profiles  # its runs are about the JSON's schema (conftest.project)
+
 jsonschema = pytest.importorskip("jsonschema", reason="the schema test needs jsonschema (the test extra has it)")
 
 ROOT = Path(__file__).resolve().parent.parent
