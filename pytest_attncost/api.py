@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -162,13 +162,25 @@ def _opened(model: object, request: Request) -> tuple[nn.Module, Request]:
 
 
 def _answered(target: nn.Module, request: Request, memory: bool, optimizer: Any) -> Profile:
-    """profile()'s answer to a checked *request* for *target*, with its memory estimate if asked for."""
-    counted, built = _counted(target, request)
-    return with_memory(counted, target, built or build(target, request), optimizer) if memory else counted
+    """profile()'s answer to a checked *request* for *target*, with its memory estimate if asked for: cached beside
+    the count where the count is, for an optimizer named by a string or None (a callable's cannot be described)."""
+    counted, built, key = _counted(target, request)
+    if not memory:
+        return counted
+    stepped = optimizer if counted.mode == "train" else None
+    named = stepped is None or isinstance(stepped, str)
+    known = key is not None and named and pipeline.REAL_NOTE not in counted.notes
+    if (estimated := lookup(memory_key := (key, "memory", stepped) if known else None)) is not None:
+        assert estimated.memory is not None
+        return dataclasses.replace(counted, memory=estimated.memory,
+                                   warnings=(*counted.warnings, *estimated.memory.warnings))
+    answer = with_memory(counted, target, built or build(target, request), optimizer)
+    store(memory_key, answer)
+    return answer
 
 
 def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: Any) -> Profile:
-    """*counted* with its memory estimate (made anew each time: it is not cached)."""
+    """*counted* with its memory estimate, made now."""
     if optimizer is not None and not isinstance(optimizer, str) and not callable(optimizer):
         raise ProfileError(f"optimizer= must be 'adamw', 'sgd', None or a callable params -> optimizer, "
                            f"got {optimizer!r}")
@@ -178,18 +190,19 @@ def with_memory(counted: Profile, target: nn.Module, built: Built, optimizer: An
     return dataclasses.replace(counted, memory=found, warnings=(*counted.warnings, *found.warnings))
 
 
-def _counted(target: nn.Module, request: Request) -> tuple[Profile, Built | None]:
-    """The profile *request* asks of *target*, and the inputs it was counted on (None: it came from the cache)."""
+def _counted(target: nn.Module, request: Request) -> tuple[Profile, Built | None, Hashable | None]:
+    """The profile *request* asks of *target*, the inputs it was counted on (None: it came from the cache), and its
+    key in the cache (None: uncacheable, or the cache is off)."""
     # None: not counted yet, uncacheable (key None), or the cache is off
     if (cached := lookup(key := cache_key(target, request))) is not None:
-        return _hooks_named(cached, target), None
+        return _hooks_named(cached, target), None, key
     with kept_torch_state():  # a forward that sets the default dtype or the threads leaves them as they were
         built = build(target, request)
         with one_sequence_per_row(target, built.given):
             result = pipeline.run(target, request, built)
     if pipeline.REAL_NOTE not in result.notes:  # a count on real values holds for those values only
         store(key, result)
-    return _hooks_named(result, target), built
+    return _hooks_named(result, target), built, key
 
 
 def _hooks_named(result: Profile, target: nn.Module) -> Profile:
@@ -291,7 +304,7 @@ def measure(
     request = Request.of(n, batch=batch, inputs=inputs, roles=roles, spec=spec, name=name, backend=backend)
     model = _exported(model)  # after the arguments' checks: exported.module() builds a module
     target, request = _opened(model, request)
-    counted, built = _counted(target, request)
+    counted, built, _ = _counted(target, request)
     built = built or build(target, request)  # cached: inputs built here
     with one_sequence_per_row(target, built.given):
         return timing.time_forward(counted, model, built, runs)
@@ -316,7 +329,7 @@ def measure_memory(model: Any, n: int | None = None, *, batch: int | None = None
     if where.type == "cuda" and not torch.cuda.is_available():
         raise ProfileError(NO_CUDA.format(device=str(device)))
     target, request = _opened(model, Request.of(n, batch=batch, inputs=inputs, mode=mode, **profile_kwargs))
-    counted, built = _counted(target, request)
+    counted, built, _ = _counted(target, request)
     built = built or build(target, request)
     estimated = with_memory(counted, target, built, optimizer).memory
     assert estimated is not None

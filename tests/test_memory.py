@@ -327,3 +327,28 @@ def test_an_optimizer_of_your_own_runs_in_both_steps():
     assert measured.estimate.optimizer == "adam_single_tensor"
     with pytest.raises(ProfileError, match="optimizer= must be"):
         profile(tiny_models.llama_like, N, mode="train", memory=True, optimizer="lion")
+
+
+def test_an_estimate_is_cached_beside_its_count_for_a_named_optimizer(monkeypatch):
+    """The same step asked for again is served, as its count is; another optimizer is another step, and one of your
+    own (a callable, which no key can describe) is estimated each time."""
+    from pytest_attncost import clear_cache
+    from pytest_attncost import memory as memory_mod
+
+    estimated = []
+    real = memory_mod.of_profile
+    monkeypatch.setattr(memory_mod, "of_profile",
+                        lambda *args, **kwargs: estimated.append(kwargs["optimizer"]) or real(*args, **kwargs))
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.1)
+
+    clear_cache()
+    steps = [profile(tiny_models.bert_like, 24, mode="train", memory=True, optimizer=optimizer)
+             for optimizer in ("adamw", "adamw", "sgd", None, None, sgd, sgd)]
+    assert estimated == ["adamw", "sgd", None, sgd, sgd]
+    adamw, again, *_ = steps
+    assert again.memory == adamw.memory and again == adamw
+    assert steps[2].memory.peak < adamw.memory.peak  # SGD without momentum keeps no state; AdamW keeps two moments
+    forward = profile(tiny_models.bert_like, 24, memory=True)
+    assert forward.memory.mode == "forward" and estimated[-1] is None
