@@ -47,6 +47,7 @@ def test_the_torch_backend_counts_on_meta_tensors_and_on_fake_ones_where_those_c
     none where the twin's meta tensors run the model, in forward, train and one-run sweeps alike."""
     from torch._subclasses import fake_tensor
 
+    from pytest_attncost import one_run
     from pytest_attncost.api import sweep
 
     made = []
@@ -56,7 +57,7 @@ def test_the_torch_backend_counts_on_meta_tensors_and_on_fake_ones_where_those_c
     forward = profile(tm.bert_like, 16, backend="torch")
     train = profile(tm.bert_like, 16, mode="train")
     swept = sweep(tm.llama_like, [16, 40], backend="torch")
-    assert made == [] and swept.one_run
+    assert made == [] and swept.one_run == one_run.POSSIBLE  # torch before 2.9: a sweep counts length by length
     assert parts(forward) == expected(16, 1) and parts(train) == tuple(3 * x for x in expected(16, 1))
     assert parts(swept[1]) == parts(profile(tm.llama_like, 40, backend="torch"))
     # the same count on fake tensors where the meta ones fail: 2 x 4 tokens through one 8 x 8 Linear
