@@ -205,10 +205,10 @@ def _counted(target: nn.Module, request: Request) -> tuple[Profile, Built | None
     return _hooks_named(result, target), built, key
 
 
-def _hooks_named(result: Profile, target: nn.Module) -> Profile:
+def _hooks_named(result: Profile, target: nn.Module, hooks: list[str] | None = None) -> Profile:
     """*result* with a note naming the user's hooks that the count dropped (the model's hooks now: the cache's
-    key leaves hooks out, as the count does)."""
-    if not (hooks := user_hooks(target)):
+    key leaves hooks out, as the count does); *hooks*: :func:`user_hooks` of *target*, found already."""
+    if not (hooks := user_hooks(target) if hooks is None else hooks):
         return result
     shown = ", ".join(hooks[:5]) + (f" and {len(hooks) - 5} more" if len(hooks) > 5 else "")
     return dataclasses.replace(result, notes=(*result.notes, HOOKS_NOTE.format(hooks=shown)))
@@ -237,7 +237,8 @@ def sweep(model: nn.Module | Callable[[], nn.Module], ns: Any, **profile_kwargs:
         with kept_torch_state(), (one_sequence_per_row(target, None) if request.inputs is None else nullcontext()):
             swept = pipeline.sweep_in_one_run(target, request)
         if swept is not None:
-            return Sweep([_hooks_named(p, target) for p in swept], one_run=True)
+            hooks = user_hooks(target)  # once: a walk over every module
+            return Sweep([_hooks_named(p, target, hooks) for p in swept], one_run=True)
     return Sweep([_answered(target, request.at(n), memory, optimizer) for n in lengths])
 
 
