@@ -394,8 +394,9 @@ class OpMemo:
 
     def keep(self, key: Any, out: Any, inputs: Any) -> None:
         outs = out if isinstance(out, tuple) else (out,)
-        if not outs or not all(type(o) is not torch.Tensor and isinstance(o, torch.Tensor) for o in outs):
-            return  # fake tensors only
+        if not outs or not all(isinstance(o, torch.Tensor) and (o.is_meta or type(o) is not torch.Tensor)
+                               for o in outs):
+            return  # fake or meta tensors only: no values
         given = {t.untyped_storage()._cdata for t in inputs if isinstance(t, torch.Tensor)}
         if any(o.untyped_storage()._cdata in given for o in outs):
             return

@@ -325,6 +325,33 @@ def test_the_memo_keeps_only_what_follows_from_sizes():
     assert len(keys) == 5 and None not in keys
 
 
+def test_the_second_layer_of_a_one_run_on_meta_tensors_is_served_from_the_memo(monkeypatch):
+    """The one run counts on the twin's meta tensors (as a count at one length does); the second traced layer meets
+    the first one's ops on the same sizes, and gets their outputs' sizes from the memo, not from the kernels'
+    symbolic arithmetic again; a meta tensor is kept there as a fake one is (neither has values), a CPU one is not."""
+    served = []
+
+    class Watched(one_run.OpMemo):
+        def key(self, func, args, kwargs):
+            found = super().key(func, args, kwargs)
+            if found is not None and found in self.made:
+                served.append(str(func))
+            return found
+
+    monkeypatch.setattr(one_run, "OpMemo", Watched)
+    clear_cache()
+    swept = sweep(tm.llama_like, [16, 40], backend="torch")
+    assert swept.one_run == one_run.POSSIBLE and bool(served) == one_run.POSSIBLE
+    clear_cache()  # the sweep's profiles are cached at their lengths
+    assert [p.to_dict() for p in swept] == [profile(tm.llama_like, n, backend="torch").to_dict() for n in (16, 40)]
+    memo, aten = one_run.OpMemo(), torch.ops.aten
+    for device, kept in (("meta", True), ("cpu", False)):
+        x = torch.zeros(2, 3, device=device)
+        key = memo.key(aten.exp.default, (x,), {})
+        memo.keep(key, aten.exp.default(x), [x])
+        assert (key in memo.made) == kept, device
+
+
 class TwoReductions(Encoder):
     """The same op on the same sizes with other arguments: a memo keyed on sizes alone would mix them up."""
 

@@ -511,6 +511,32 @@ def _memo_mode() -> type:
     return _MemoFakeTensorMode
 
 
+def _bare_memo_mode() -> Any:
+    """Below the counter in a one run on meta tensors: a functional op met again on the same sizes gets new meta
+    tensors of the sizes it made the first time (one_run.OpMemo), not the meta kernel's symbolic arithmetic again."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _BareMemo(TorchDispatchMode):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.memo = one_run.OpMemo()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            key = self.memo.key(func, args, kwargs)
+            found = None if key is None else self.memo.made.get(key)
+            if found is not None:
+                many, outs = found
+                made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                             for shape, stride, dtype, device in outs)
+                return made if many else made[0]
+            out = func(*args, **(kwargs or {}))
+            if key is not None:
+                self.memo.keep(key, out, pytree.tree_leaves((args, kwargs)))
+            return out
+
+    return _BareMemo()
+
+
 def _fake(mode: Any, leaf: torch.Tensor, made: dict[int, Any]) -> Any:
     if one_run.swept(leaf):  # sizes of swept lengths: a fake tensor made anew (from_tensor wants a ShapeEnv),
         if id(leaf) not in made:  # once per tensor, as from_tensor does: MHA's (x, x, x) stays one tensor
@@ -524,7 +550,8 @@ def _fake(mode: Any, leaf: torch.Tensor, made: dict[int, Any]) -> Any:
 def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
                recorder: _TorchRecorder) -> RawCount:
     counter = _torch_counter(recorder)
-    mode = contextlib.nullcontext() if how.bare else _mode(how.fake, how.fake and one_run.swept((args, kwargs)))
+    swept = how.fake and one_run.swept((args, kwargs))
+    mode = (_bare_memo_mode() if swept else contextlib.nullcontext()) if how.bare else _mode(how.fake, swept)
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
