@@ -1,5 +1,6 @@
 """The counters, and the one interface over them: :func:`count` and its fallback chain (fvcore, then torch on
-fake tensors, then on real ones at small n; docs/architecture.md, docs/second-opinion.md ``fallback=True``)."""
+meta tensors, or on fake ones from a fresh twin where meta ones do not run the model, then on real ones at small n;
+docs/architecture.md, docs/second-opinion.md ``fallback=True``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..inputs import Built, to_real
 from ..ops import RawCount, is_fused, is_product
 from ..request import Request
 from . import flex
-from .dispatch import at_lengths, count_forward_torch, module_totals
+from .dispatch import MetaRefused, at_lengths, count_forward_torch, fake_tensors, module_totals
 from .graphs import model_class, run_in_scopes, shell_containers, unscoped
 from .jit import count_forward
 from .masks import buffer_masks
@@ -67,10 +68,19 @@ OPAQUE_UNCHECKED = ("{ops}: custom torch.autograd.Function(s) fvcore sees as one
 
 def fresh_count(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 masks: Mapping[str, Any] | None) -> RawCount:
-    """A second opinion on *target*: the torch backend on a twin of its own (raises CountError)."""
+    """A second opinion on *target*: the torch backend on a twin of its own, on fake tensors where meta ones do not
+    run it, on a fresh twin again (raises CountError)."""
+    try:
+        return count_forward_torch(_prepared(target), args, kwargs, buffer_masks=masks)
+    except MetaRefused:
+        with fake_tensors():
+            return count_forward_torch(_prepared(target), args, kwargs, buffer_masks=masks)
+
+
+def _prepared(target: nn.Module) -> nn.Module:
     twin = meta_twin(target)
     prepare_twin(twin)
-    return count_forward_torch(twin, args, kwargs, buffer_masks=masks)
+    return twin
 
 
 def count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str, Any] | None,
@@ -84,8 +94,13 @@ def count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str, 
     Raises:
         CountError: no counter could count the model; the message says why and what to do.
     """
-    with flex.standing_in(twin, request.causal, built.real_call) as session:
-        counted = _count(target, twin, built, masks, request)
+    try:
+        with flex.standing_in(twin, request.causal, built.real_call) as session:
+            counted = _count(target, twin, built, masks, request)
+    except MetaRefused:  # the torch backend, where fake tensors may run what meta ones do not: from a fresh twin
+        twin = _prepared(target)
+        with fake_tensors(), flex.standing_in(twin, request.causal, built.real_call) as session:
+            counted = _count(target, twin, built, masks, request)
     if session is None or not session.calls:
         return counted
     return dataclasses.replace(counted, notes=(flex.FLEX_NOTES[session.causal],), unread=flex.unread(session))

@@ -11,7 +11,8 @@ import dataclasses
 import functools
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, maskin
 from .repeats import SHORTCUT, Copy, NotRepeating, Repeats, Run, alike, copied, passes_through
 from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
-__all__ = ["at_lengths", "count_forward_torch", "module_totals"]
+__all__ = ["FAKE_ONLY", "MetaRefused", "at_lengths", "count_forward_torch", "fake_tensors", "module_totals"]
 
 
 #: Products torch dispatches that have no formula here: seeing one means a count is short.
@@ -419,8 +420,8 @@ def count_forward_torch(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, train: bool = False, fake: bool = True,
     buffer_masks: Mapping[str, Pattern] | None = None,
 ) -> RawCount:
-    """Count with torch's ``FlopCounterMode`` at the dispatcher, on the twin's meta tensors where they run the
-    model, else on fake tensors (neither has memory or arithmetic).
+    """Count with torch's ``FlopCounterMode`` at the dispatcher: on the twin's meta tensors as they are where every
+    tensor is a meta one (outside :func:`fake_tensors`), else on fake tensors; neither has memory or arithmetic.
 
     *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the outputs), so backward
     products are counted as executed, each in the scope (and with the origin and mask) of the forward op it
@@ -430,22 +431,37 @@ def count_forward_torch(
         buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`).
 
     Raises:
+        MetaRefused: the model could not run on bare meta tensors (count it again in :func:`fake_tensors`).
         CountError: the model could not run on fake tensors; the message carries the reason.
     """
     refuse_scripted(model)
-    how = _How(train, fake, buffer_masks)
+    bare = fake and not FAKE_ONLY.get() and _all_meta(model, (args, kwargs))
+    how = _How(train, fake, buffer_masks, bare)
     swept = one_run.swept((args, kwargs))  # one run for several lengths: meta tensors of swept sizes
     if swept and train:
         raise CountError("train mode counts one length at a time")
     with one_run.enabled() if swept else contextlib.nullcontext():
-        if fake and _all_meta(model, (args, kwargs)):
-            try:  # the same ops on the same sizes, without fake tensors' dispatch in Python (half the time or less)
-                return _count_torch(model, args, kwargs, dataclasses.replace(how, bare=True), shortcut=not train)
-            except RecursionError:
-                raise
-            except Exception:  # noqa: BLE001 - fake tensors run more than bare meta ones (their own kernels, their
-                pass  # fallbacks): their count, or their reason, is the answer (a length's decision diverges on both)
         return _count_torch(model, args, kwargs, how, shortcut=swept or (fake and not train))
+
+
+#: The switch: True inside :func:`fake_tensors` (a context variable, as repeats.SHORTCUT is).
+FAKE_ONLY: ContextVar[bool] = ContextVar("attncost_fake_only", default=False)
+
+
+@contextlib.contextmanager
+def fake_tensors() -> Iterator[None]:
+    """Count on fake tensors even where every tensor is a meta one: after :class:`MetaRefused`, on a fresh twin
+    with fresh inputs (the failed run may have changed both: a lazily built table, a cache it appended to)."""
+    token = FAKE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        FAKE_ONLY.reset(token)
+
+
+class MetaRefused(CountError):
+    """The model could not run on bare meta tensors (a copy to the CPU and back, an op without a meta kernel);
+    fake tensors, which run more (their own kernels, their fallbacks), may: count again in :func:`fake_tensors`."""
 
 
 def _all_meta(model: nn.Module, inputs: Any) -> bool:
@@ -461,7 +477,7 @@ class _How:
     train: bool
     fake: bool
     buffer_masks: Mapping[str, Pattern] | None
-    bare: bool = False
+    bare: bool
 
 
 def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
@@ -575,9 +591,10 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
         if isinstance(exc, CountError):
             raise
         reason = f"{type(exc).__name__}: {exc}".strip()[:600]
-        where = "on fake tensors" if how.fake else "on real tensors"
-        raise CountError(f"torch's FlopCounterMode could not run {type(model).__name__} {where}{site(exc, model)}: "
-                         f"{reason}\nFix: {hint(reason)}.") from exc
+        where = "on meta tensors" if how.bare else "on fake tensors" if how.fake else "on real tensors"
+        error = MetaRefused if how.bare else CountError
+        raise error(f"torch's FlopCounterMode could not run {type(model).__name__} {where}{site(exc, model)}: "
+                    f"{reason}\nFix: {hint(reason)}.") from exc
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         recorder.remove_hooks()
@@ -608,7 +625,7 @@ class _Einsums(TorchFunctionMode):
 
 
 def _mode(fake: bool, swept: bool) -> Any:
-    """Fake tensors, not bare meta ones: transformers skips its value checks for them (as under a tracer)."""
+    """Fake tensors (where bare meta ones do not run the model): transformers skips its value checks for them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     if not fake:
         return contextlib.nullcontext()
