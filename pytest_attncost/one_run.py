@@ -16,6 +16,7 @@ from itertools import repeat
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 
@@ -391,6 +392,23 @@ class OpMemo:
         except (_NotMemoizable, TypeError):
             return None
         return key
+
+    def run(self, func: Any, args: Any, kwargs: Any, dispatch: Callable[[], Any],
+            making: Any = contextlib.nullcontext) -> Any:
+        """*func*'s outputs: new tensors of the sizes it made the first time on these arguments (made inside
+        *making()*: a fake mode makes fake ones), else *dispatch*'s (kept for the next time)."""
+        key = self.key(func, args, kwargs)
+        found = None if key is None else self.made.get(key)
+        if found is not None:
+            many, outs = found
+            with making():
+                made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                             for shape, stride, dtype, device in outs)
+            return made if many else made[0]
+        out = dispatch()
+        if key is not None:
+            self.keep(key, out, pytree.tree_leaves((args, kwargs)))
+        return out
 
     def keep(self, key: Any, out: Any, inputs: Any) -> None:
         outs = out if isinstance(out, tuple) else (out,)

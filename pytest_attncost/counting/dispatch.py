@@ -511,18 +511,8 @@ def _memo_mode() -> type:
             self.memo = one_run.OpMemo()
 
         def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            key = self.memo.key(func, args, kwargs)
-            found = None if key is None else self.memo.made.get(key)
-            if found is not None:
-                many, outs = found
-                with self:
-                    made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                                 for shape, stride, dtype, device in outs)
-                return made if many else made[0]
-            out = super().dispatch(func, types, args, kwargs)
-            if key is not None:
-                self.memo.keep(key, out, pytree.tree_leaves((args, kwargs)))
-            return out
+            return self.memo.run(func, args, kwargs, lambda: super(_MemoFakeTensorMode, self).dispatch(
+                func, types, args, kwargs), making=lambda: self)
 
     return _MemoFakeTensorMode
 
@@ -538,17 +528,7 @@ def _bare_memo_mode() -> Any:
             self.memo = one_run.OpMemo()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            key = self.memo.key(func, args, kwargs)
-            found = None if key is None else self.memo.made.get(key)
-            if found is not None:
-                many, outs = found
-                made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                             for shape, stride, dtype, device in outs)
-                return made if many else made[0]
-            out = func(*args, **(kwargs or {}))
-            if key is not None:
-                self.memo.keep(key, out, pytree.tree_leaves((args, kwargs)))
-            return out
+            return self.memo.run(func, args, kwargs, lambda: func(*args, **(kwargs or {})))
 
     return _BareMemo()
 
