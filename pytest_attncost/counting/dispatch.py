@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -26,8 +26,8 @@ from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it 
 from ..ops import FUSED_ATTENTION_OPS, PRODUCTS, VIEW_OPS, OpRecord, RawCount, ancestors, attention_macs, short
 from . import flex, masks
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, masking_label, score_op, sdpa_label
-from .repeats import SHORTCUT, Copy, NotRepeating, Repeats, Run, alike, copied, passes_through
-from .twin import as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
+from .repeats import SHORTCUT, Copy, NotRepeating, Repeats, Run, alike, copied, passes_through, switched
+from .twin import all_meta, as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["FAKE_ONLY", "MetaRefused", "at_lengths", "count_forward_torch", "fake_tensors", "module_totals"]
 
@@ -435,7 +435,7 @@ def count_forward_torch(
         CountError: the model could not run on fake tensors; the message carries the reason.
     """
     refuse_scripted(model)
-    bare = fake and not FAKE_ONLY.get() and _all_meta(model, (args, kwargs))
+    bare = fake and not FAKE_ONLY.get() and all_meta(model, (args, kwargs))
     how = _How(train, fake, buffer_masks, bare)
     swept = one_run.swept((args, kwargs))  # one run for several lengths: meta tensors of swept sizes
     if swept and train:
@@ -448,26 +448,15 @@ def count_forward_torch(
 FAKE_ONLY: ContextVar[bool] = ContextVar("attncost_fake_only", default=False)
 
 
-@contextlib.contextmanager
-def fake_tensors() -> Iterator[None]:
+def fake_tensors() -> contextlib.AbstractContextManager[None]:
     """Count on fake tensors even where every tensor is a meta one: after :class:`MetaRefused`, on a fresh twin
     with fresh inputs (the failed run may have changed both: a lazily built table, a cache it appended to)."""
-    token = FAKE_ONLY.set(True)
-    try:
-        yield
-    finally:
-        FAKE_ONLY.reset(token)
+    return switched(FAKE_ONLY, True)
 
 
 class MetaRefused(CountError):
     """The model could not run on bare meta tensors (a copy to the CPU and back, an op without a meta kernel);
     fake tensors, which run more (their own kernels, their fallbacks), may: count again in :func:`fake_tensors`."""
-
-
-def _all_meta(model: nn.Module, inputs: Any) -> bool:
-    """Whether every tensor a run starts from is a meta tensor (the twin's weights, the inputs)."""
-    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves(inputs)]
-    return all(t.is_meta for t in leaves if isinstance(t, torch.Tensor))
 
 
 @dataclasses.dataclass(frozen=True)

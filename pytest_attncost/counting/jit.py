@@ -26,7 +26,7 @@ from . import masks, repeats
 from .flex import new_trace, traced_keeps
 from .masks import SCORE_MASKING, SCORE_PASS, Pattern, combine, mask_transfer, masking_label, score_op, sdpa_label
 from .repeats import NotRepeating, Repeats, Run, copied
-from .twin import drop_hooks, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
+from .twin import all_meta, drop_hooks, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
 __all__ = ["EXTRA_HANDLES", "count_forward"]
 
@@ -411,10 +411,8 @@ def count_forward(
         CountError: the tracer could not run the model; the message carries its reason.
     """
     refuse_scripted(model)
-    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves((args, kwargs))]
     with no_global_hooks():
-        # all on meta: no values anywhere, so nothing a layer does can depend on data
-        if repeats.SHORTCUT.get() and all(t.is_meta for t in leaves if isinstance(t, torch.Tensor)):
+        if repeats.SHORTCUT.get() and all_meta(model, (args, kwargs)):
             layers = Repeats(model, on_stub=_aliased_output, masks=buffer_masks)
             if layers:
                 try:

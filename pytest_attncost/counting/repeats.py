@@ -21,7 +21,7 @@ from ..ops import OpRecord
 from .masks import Pattern
 
 __all__ = ["SHORTCUT", "Copy", "NotRepeating", "Repeats", "Run", "alike", "copied", "full_trace", "layer_records",
-           "passes_through", "rename"]
+           "passes_through", "rename", "switched"]
 
 
 #: The switch: False inside :func:`full_trace` (a context variable: threads and tasks keep their own).
@@ -29,13 +29,18 @@ SHORTCUT: ContextVar[bool] = ContextVar("attncost_shortcut", default=True)
 
 
 @contextlib.contextmanager
-def full_trace() -> Iterator[None]:
-    """Count every layer in full (no repeated-layer shortcut): what the tests compare against."""
-    token = SHORTCUT.set(False)
+def switched(switch: ContextVar[bool], value: bool) -> Iterator[None]:
+    """*switch* set to *value* for the duration (this thread's or task's, as context variables are)."""
+    token = switch.set(value)
     try:
         yield
     finally:
-        SHORTCUT.reset(token)
+        switch.reset(token)
+
+
+def full_trace() -> contextlib.AbstractContextManager[None]:
+    """Count every layer in full (no repeated-layer shortcut): what the tests compare against."""
+    return switched(SHORTCUT, False)
 
 
 class NotRepeating(Exception):

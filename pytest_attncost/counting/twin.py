@@ -18,7 +18,7 @@ from ..errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it 
 from ..families import patchify_conv
 from .graphs import graph_metadata, run_in_scopes
 
-__all__ = ["HOOKS_NOTE", "as_if_compiling", "drop_hooks", "kept_torch_state", "meta_autocast", "meta_twin",
+__all__ = ["HOOKS_NOTE", "all_meta", "as_if_compiling", "drop_hooks", "kept_torch_state", "meta_autocast", "meta_twin",
            "no_global_hooks", "real_twin", "refuse_scripted", "tensor_leaves", "unwrap", "user_hooks"]
 
 
@@ -180,6 +180,15 @@ def real_twin(model: nn.Module) -> nn.Module:
     clone = copy.deepcopy(model, graph_metadata(model))
     drop_hooks(clone)
     return clone
+
+
+def all_meta(model: nn.Module, inputs: Any) -> bool:
+    """Whether every tensor a run starts from is a meta tensor (the twin's weights, the inputs): no values anywhere,
+    so nothing the model does can depend on data."""
+    from torch.utils import _pytree as pytree
+
+    leaves = [*model.parameters(), *model.buffers(), *pytree.tree_leaves(inputs)]
+    return all(t.is_meta for t in leaves if isinstance(t, torch.Tensor))
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
