@@ -114,7 +114,7 @@ def spec_from_config(config: Any) -> ModelSpec:
             raise ValueError(f"{name}: {field} is {value!r}, not an int; pass spec=ModelSpec(...)")
     head_dim = _get(config, "head_dim", "d_kv", "head_size") or hidden // heads
     ffn_dim = _get(config, "intermediate_size", "d_ff", "n_inner", "hidden_dim", "ffn_dim", "ffn_hidden_size",
-                   "encoder_ffn_dim", "dff")
+                   "encoder_ffn_dim", "dff", "d_inner")
     ratio = getattr(config, "mlp_ratio", None)
     swiglu = bool(getattr(config, "use_swiglu_ffn", False))
     if ffn_dim is None and isinstance(ratio, (int, float)) and not isinstance(ratio, bool):

@@ -160,9 +160,14 @@ _OUTER = ("aten::matmul", "aten::mm", "aten::bmm")  # a @ b, contracting a's las
 
 
 def rows(record: OpRecord) -> int:
-    """The rows a product's result has (every dimension of its output but the last): tokens, for a projection
-    or an FFN of a batch of sequences."""
-    return math.prod(record.out_shape[:-1]) if record.out_shape else 0
+    """The rows a product's result has: tokens, for a projection or an FFN of a batch of sequences. Every dimension
+    of its output but the last; but where the output begins with its first matrix's rows and spreads the contracted
+    columns over more than one dimension (XLNet's ``einsum('ibh,hnd->ibnd')``: heads x head_dim), those rows."""
+    out = record.out_shape
+    first = first_matrix(record) or (record.shapes[0] if record.op == "aten::einsum" and record.shapes else ())
+    if 2 <= len(first) < len(out) and tuple(out[:len(first) - 1]) == tuple(first[:-1]):
+        return math.prod(first[:-1])
+    return math.prod(out[:-1]) if out else 0
 
 
 def first_matrix(record: OpRecord) -> tuple[int, ...]:

@@ -101,6 +101,9 @@ def test_from_config_families():
     assert llama.gated and llama.kv_heads == 8 and llama.ffn_dim == 11008
     t5 = spec_from_config(transformers.T5Config(d_model=512, d_kv=32, num_heads=8, d_ff=2048, num_layers=6))
     assert (t5.hidden, t5.head_dim, t5.heads, t5.ffn_dim, t5.layers, t5.gated) == (512, 32, 8, 2048, 6, False)
+    xlnet = spec_from_config(transformers.XLNetConfig())  # XLNet-large: its FFN is d_inner, not 4 x d_model
+    assert (xlnet.hidden, xlnet.heads, xlnet.head_dim, xlnet.ffn_dim, xlnet.layers) == (1024, 16, 64, 4096, 24)
+    assert spec_from_config(transformers.XLNetConfig(d_model=64, n_head=4, d_inner=96)).ffn_dim == 96
 
 
 specs = st.builds(

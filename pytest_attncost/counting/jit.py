@@ -154,6 +154,8 @@ class _TraceContext:
         weight: weight_norm's g and v), no input of the model's reaching it (memoised; a walk of over 256 values
         is no weight)."""
         key = start.debugName()
+        if key in self.produced:  # a product's result (XLNet's positions x its weight r): no weight
+            return False
         if key not in self.derived:
             seen, stack, found, alone = {key}, [start], False, True
             while stack and alone:
