@@ -43,7 +43,8 @@ GATED_FAMILIES = frozenset(
     {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2", "gemma3",
      "gemma3_text", "phi3", "olmo", "olmo2", "olmo3", "olmoe", "granite", "granitemoe", "granitemoeshared",
      "cohere", "cohere2", "stablelm", "smollm3", "deepseek_v3", "deepseek_v2", "helium", "glm", "ministral",
-     "modernbert", "phimoe", "ernie4_5", "ernie4_5_moe", "exaone4", "jetmoe", "dbrx", "jamba", "recurrent_gemma"}
+     "modernbert", "phimoe", "ernie4_5", "ernie4_5_moe", "exaone4", "jetmoe", "dbrx", "jamba", "recurrent_gemma",
+     "doge", "seed_oss", "hunyuan_v1_dense"}
 )
 
 INPUTS_HINT = ("pass inputs= as a tuple of positional arguments, a dict of keyword arguments, "
@@ -57,7 +58,7 @@ def _get(config: Any, *names: str) -> Any:
 def _moe_fields(config: Any, layers: int, heads_hidden: int) -> dict[str, Any]:
     """experts, top_k, expert and shared widths, dense layers of a mixture-of-experts config."""
     experts = _get(config, "num_local_experts", "num_experts", "n_routed_experts")
-    if not experts:
+    if not experts or getattr(config, "is_moe", True) is False:  # Doge's experts are for is_moe=True only
         return {}
     top_k = _get(config, "num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts")
     if not top_k:

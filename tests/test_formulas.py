@@ -104,6 +104,8 @@ def test_from_config_families():
     xlnet = spec_from_config(transformers.XLNetConfig())  # XLNet-large: its FFN is d_inner, not 4 x d_model
     assert (xlnet.hidden, xlnet.heads, xlnet.head_dim, xlnet.ffn_dim, xlnet.layers) == (1024, 16, 64, 4096, 24)
     assert spec_from_config(transformers.XLNetConfig(d_model=64, n_head=4, d_inner=96)).ffn_dim == 96
+    doge = spec_from_config(transformers.DogeConfig())  # 16,384 experts configured, but is_moe=False: a gated MLP
+    assert (doge.experts, doge.top_k, doge.gated, doge.ffn_dim) == (0, 0, True, 2048)
 
 
 specs = st.builds(

@@ -165,6 +165,12 @@ def llama_like(n: int, b: int, head_dim: int = D // H, kv: int = G, width: int =
     return times(L, add(self_attention(b, n, D, H, head_dim, kv), gated_mlp(b * n, D, width)))
 
 
+def doge(n: int, b: int) -> dict[str, int]:
+    # Dynamic mask attention: dt_proj (kv_heads * head_dim -> kv_heads) turns the values into a mask on the
+    # scores (added in eager, sdpa's attn_mask): a projection of the attention, beside a gated MLP.
+    return add(llama_like(n, b), times(L, split(proj=lin(b * n, G * (D // H), G))))
+
+
 def albert(n: int, b: int) -> dict[str, int]:
     # One shared AlbertLayer, run num_hidden_layers = 3 times; ffn/ffn_output sit on the layer.
     return bert_like(n, b, layers=3)
@@ -293,6 +299,7 @@ FAMILIES = [
          dict(BERT_SHAPE, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
               max_relative_positions=64, share_att_key=True, norm_rel_ebd="layer_norm"),
          deberta_v2, impls=("eager",)),
+    Case("doge", "DogeConfig", "DogeModel", GQA_SHAPE, doge),
     Case("xlnet", "XLNetConfig", "XLNetModel", dict(TEXT, d_model=D, n_layer=L, n_head=H, d_inner=F), xlnet,
          impls=("eager",)),
     Case("gpt2", "GPT2Config", "GPT2Model", dict(TEXT, n_embd=D, n_layer=L, n_head=H, n_inner=F, n_positions=64),
@@ -414,7 +421,8 @@ NO_FORMULA = {"t5": "encoder-decoder", "t5-gated": "encoder-decoder", "bart": "e
               "deepseek-v3": "multi-head latent attention"}
 #: Families whose count differs from the formula, and the part the warning names.
 FORMULA_DIFFERS = {"deberta-v2": "attention_core is",  # disentangled attention's c2p / p2c products
-                   "xlnet": "attention_core is"}  # relative positions: 2n keys of position scores
+                   "xlnet": "attention_core is",  # relative positions: 2n keys of position scores
+                   "doge": "attention_proj is"}  # dt_proj, the dynamic mask's projection
 
 
 def test_zoo_is_big_enough() -> None:

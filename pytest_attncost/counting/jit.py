@@ -211,6 +211,12 @@ def _operands(op: str, inputs: list[Any]) -> list[Any]:
     return [inputs[i] for i in product.operands if i < len(inputs)]
 
 
+def _sourced(op: str, inputs: list[Any], tensors: list[Any]) -> list[Any]:
+    """The operands whose sources a record keeps: a fused attention's mask too (Doge's is made by a product of
+    the attention from its values), as the torch backend keeps every tensor argument's."""
+    return [*tensors, *(v for v in inputs[3:4] if _is_tensor(v))] if op in SDPA_OPS else tensors
+
+
 def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
     def wrapped(inputs: list[Any], outputs: list[Any]) -> Any:
         value = handle(inputs, outputs)
@@ -230,7 +236,7 @@ def _recording(op: str, handle: Handle, ctx: _TraceContext) -> Handle:
             origin=origin, shapes=tuple(tuple(_shape(v)) for v in tensors if v.isCompleteTensor()),
             out_shape=tuple(_shape(out)) if _is_tensor(out) and out.isCompleteTensor() else (),
             mask=ctx.masks.label(op, inputs, outputs, operands) if masked else "",
-            sources=tuple(ctx.sources([v]) for v in tensors) if product else (),
+            sources=tuple(ctx.sources([v]) for v in _sourced(op, inputs, tensors)) if product else (),
             weights=sum(math.prod(_shape(v)) for v, found in zip(tensors, origins) if found == "param"
                         and v.isCompleteTensor()),
             keeps=traced_keeps(out.node().sourceRange()) if op in SDPA_OPS else None,  # a FlexAttention core's
