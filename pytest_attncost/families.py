@@ -44,7 +44,7 @@ GATED_FAMILIES = frozenset(
      "gemma3_text", "phi3", "olmo", "olmo2", "olmo3", "olmoe", "granite", "granitemoe", "granitemoeshared",
      "cohere", "cohere2", "stablelm", "smollm3", "deepseek_v3", "deepseek_v2", "helium", "glm", "ministral",
      "modernbert", "phimoe", "ernie4_5", "ernie4_5_moe", "exaone4", "jetmoe", "dbrx", "jamba", "recurrent_gemma",
-     "doge", "seed_oss", "hunyuan_v1_dense"}
+     "doge", "seed_oss", "hunyuan_v1_dense", "gemma3n_text"}
 )
 
 INPUTS_HINT = ("pass inputs= as a tuple of positional arguments, a dict of keyword arguments, "
@@ -122,6 +122,11 @@ def spec_from_config(config: Any) -> ModelSpec:
         ffn_dim = int(hidden * ratio)  # DINOv2 and kin size the MLP by a ratio
         if swiglu:  # SwiGLU keeps two thirds of that width, rounded up to a multiple of 8
             ffn_dim = (int(ffn_dim * 2 / 3) + 7) // 8 * 8
+    if isinstance(ffn_dim, (list, tuple)):  # Gemma 3n: a width per layer
+        if len(set(ffn_dim)) != 1:
+            raise ValueError(f"{name} gives per-layer FFN widths ({list(ffn_dim)}): its layers differ in shape; "
+                             "pass spec= for one of them")
+        ffn_dim = ffn_dim[0]
     ffn_dim = ffn_dim or 4 * hidden
     # grouped-query heads as each library names them (litgpt: n_query_groups, torchtune: num_kv_heads)
     kv_heads = _get(config, "num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num",
@@ -165,8 +170,10 @@ def spec_of(model: nn.Module) -> tuple[ModelSpec | None, str | None]:
                           "profile the encoder or the decoder alone, or pass spec=")
         try:
             return spec_from_config(config), None
-        except (ValueError, TypeError) as exc:
+        except ValueError as exc:
             return None, str(exc)
+        except TypeError as exc:  # a field of a type no family of ours gives it
+            return None, f"{type(config).__name__}'s fields do not read as one shape ({exc}); pass spec=ModelSpec(...)"
     if isinstance(model, nn.MultiheadAttention):
         return ModelSpec(model.embed_dim, model.num_heads, model.head_dim, layers=1, ffn_dim=0), None
     if isinstance(model, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):

@@ -106,6 +106,12 @@ def test_from_config_families():
     assert spec_from_config(transformers.XLNetConfig(d_model=64, n_head=4, d_inner=96)).ffn_dim == 96
     doge = spec_from_config(transformers.DogeConfig())  # 16,384 experts configured, but is_moe=False: a gated MLP
     assert (doge.experts, doge.top_k, doge.gated, doge.ffn_dim) == (0, 0, True, 2048)
+    gemma3n = spec_from_config(transformers.Gemma3nTextConfig())  # a width per layer, all alike
+    assert (gemma3n.hidden, gemma3n.layers, gemma3n.ffn_dim, gemma3n.gated) == (2048, 35, 16384, True)
+    with pytest.raises(ValueError, match=r"per-layer FFN widths \(\[96, 128\]\).*pass spec="):
+        spec_from_config(transformers.Gemma3nTextConfig(
+            num_hidden_layers=2, intermediate_size=[96, 128], layer_types=["sliding_attention", "full_attention"],
+            num_kv_shared_layers=0, activation_sparsity_pattern=[0.0, 0.0]))
 
 
 specs = st.builds(

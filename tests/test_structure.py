@@ -413,6 +413,15 @@ def test_configs_that_differ_give_a_spec_or_a_reason() -> None:
 
     assert spec_from_config(NanoConfig()) == ModelSpec(64, 4, 16, 3, 256)
 
+    class OddConfig:  # a field of a type no family gives it: the note names the config and the cause
+        n_embd, n_head, n_layer, n_inner = 64, 4, 3, {"up": 96}
+
+    class Odd(nn.Module):
+        config = OddConfig()
+
+    odd, why = families.spec_of(Odd())
+    assert odd is None and why.startswith("OddConfig's fields do not read as one shape (") and "pass spec=" in why
+
 
 @pytest.mark.parametrize("kind", ["bigbird", pytest.param("funnel", marks=tm.transformers_5(
     "Funnel reads its positions' values (.item() in torch.arange) on every backend"))])

@@ -5,9 +5,9 @@ docs/architecture.md, docs/second-opinion.md ``fallback=True``)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -20,12 +20,14 @@ from ..inputs import Built, to_real
 from ..ops import RawCount, is_fused, is_product
 from ..request import Request
 from . import flex
-from .dispatch import MetaRefused, at_lengths, count_forward_torch, fake_tensors, module_totals
+from .dispatch import STAGES, Refused, at_lengths, at_stage, count_forward_torch, module_totals
 from .graphs import model_class, run_in_scopes, shell_containers, unscoped
 from .jit import count_forward
 from .masks import buffer_masks
 from .repeats import full_trace
 from .twin import HOOKS_NOTE, kept_torch_state, meta_twin, real_twin, unwrap, user_hooks
+
+T = TypeVar("T")
 
 __all__ = ["HOOKS_NOTE", "Counted", "at_lengths", "buffer_masks", "count", "count_forward",
            "count_forward_torch", "fresh_count", "full_trace", "kept_torch_state", "meta_twin", "model_class",
@@ -68,13 +70,30 @@ OPAQUE_UNCHECKED = ("{ops}: custom torch.autograd.Function(s) fvcore sees as one
 
 def fresh_count(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 masks: Mapping[str, Any] | None) -> RawCount:
-    """A second opinion on *target*: the torch backend on a twin of its own, on fake tensors where meta ones do not
-    run it, on a fresh twin again (raises CountError)."""
-    try:
-        return count_forward_torch(_prepared(target), args, kwargs, buffer_masks=masks)
-    except MetaRefused:
-        with fake_tensors():
-            return count_forward_torch(_prepared(target), args, kwargs, buffer_masks=masks)
+    """A second opinion on *target*: the torch backend on a twin of its own (raises CountError)."""
+    return staged(target, _prepared(target), lambda twin: count_forward_torch(twin, args, kwargs, buffer_masks=masks))
+
+
+def staged(target: nn.Module, twin: nn.Module, run: Callable[[nn.Module], T]) -> T:
+    """``run(twin)`` at the first of the torch backend's :data:`~.dispatch.STAGES`, and where a stage refuses the
+    model, ``run`` of a fresh twin of *target* at the next. Where none runs it, the error of the last that refused
+    it, the fake tensors as if compiling (what they could not run), where the last stage cannot run it either.
+
+    Raises:
+        CountError: no stage ran the model.
+    """
+    refused: Refused | None = None
+    stage = STAGES[0]
+    while True:
+        try:
+            with at_stage(stage):
+                return run(twin)
+        except Refused as exc:
+            refused, stage, twin = exc, exc.next, _prepared(target)
+        except CountError:
+            if stage != STAGES[-1] or refused is None:
+                raise
+            raise CountError(str(refused)) from refused.__cause__
 
 
 def _prepared(target: nn.Module) -> nn.Module:
@@ -94,13 +113,11 @@ def count(target: nn.Module, twin: nn.Module, built: Built, masks: Mapping[str, 
     Raises:
         CountError: no counter could count the model; the message says why and what to do.
     """
-    try:
+    def run(twin: nn.Module) -> tuple[Counted, Any]:
         with flex.standing_in(twin, request.causal, built.real_call) as session:
-            counted = _count(target, twin, built, masks, request)
-    except MetaRefused:  # the torch backend, where fake tensors may run what meta ones do not: from a fresh twin
-        twin = _prepared(target)
-        with fake_tensors(), flex.standing_in(twin, request.causal, built.real_call) as session:
-            counted = _count(target, twin, built, masks, request)
+            return _count(target, twin, built, masks, request), session
+
+    counted, session = staged(target, twin, run)
     if session is None or not session.calls:
         return counted
     return dataclasses.replace(counted, notes=(flex.FLEX_NOTES[session.causal],), unread=flex.unread(session))

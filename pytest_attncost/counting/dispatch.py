@@ -29,7 +29,7 @@ from .masks import SCORE_MASKING, SCORE_PASS, Pattern, Patterns, combine, maskin
 from .repeats import SHORTCUT, Copy, NotRepeating, Repeats, Run, alike, copied, passes_through, switched
 from .twin import all_meta, as_if_compiling, meta_autocast, no_global_hooks, refuse_scripted, tensor_leaves
 
-__all__ = ["FAKE_ONLY", "MetaRefused", "at_lengths", "count_forward_torch", "fake_tensors", "module_totals"]
+__all__ = ["STAGES", "Refused", "at_lengths", "at_stage", "count_forward_torch", "module_totals"]
 
 
 #: Products torch dispatches that have no formula here: seeing one means a count is short.
@@ -421,7 +421,7 @@ def count_forward_torch(
     buffer_masks: Mapping[str, Pattern] | None = None,
 ) -> RawCount:
     """Count with torch's ``FlopCounterMode`` at the dispatcher: on the twin's meta tensors as they are where every
-    tensor is a meta one (outside :func:`fake_tensors`), else on fake tensors; neither has memory or arithmetic.
+    tensor is a meta one (at the first of :data:`STAGES`), else on fake tensors; neither has memory or arithmetic.
 
     *model* must be a twin. With ``train=True`` a real backward runs too (of the sum of the outputs), so backward
     products are counted as executed, each in the scope (and with the origin and mask) of the forward op it
@@ -431,12 +431,13 @@ def count_forward_torch(
         buffer_masks: triangular mask buffers of the original model (see :func:`buffer_masks`).
 
     Raises:
-        MetaRefused: the model could not run on bare meta tensors (count it again in :func:`fake_tensors`).
-        CountError: the model could not run on fake tensors; the message carries the reason.
+        Refused: the model could not run at this stage; the next one may run it (count it again there).
+        CountError: the model could not run at the last stage; the message carries the reason.
     """
     refuse_scripted(model)
-    bare = fake and not FAKE_ONLY.get() and all_meta(model, (args, kwargs))
-    how = _How(train, fake, buffer_masks, bare)
+    stage = STAGE.get()
+    bare = fake and stage == "meta" and all_meta(model, (args, kwargs))
+    how = _How(train, fake, buffer_masks, bare, fake and stage != STAGES[2])
     swept = one_run.swept((args, kwargs))  # one run for several lengths: meta tensors of swept sizes
     if swept and train:
         raise CountError("train mode counts one length at a time")
@@ -444,19 +445,26 @@ def count_forward_torch(
         return _count_torch(model, args, kwargs, how, shortcut=swept or (fake and not train))
 
 
-#: The switch: True inside :func:`fake_tensors` (a context variable, as repeats.SHORTCUT is).
-FAKE_ONLY: ContextVar[bool] = ContextVar("attncost_fake_only", default=False)
+#: Where the torch backend runs a twin whose tensors are all meta ones, tried in this order: its meta tensors as
+#: they are; fake tensors (their own kernels and fallbacks run more), as if compiling, where library code reads no
+#: values; fake tensors as they are, where library code builds what a compiler would be given (LongT5's mask).
+STAGES = ("meta", "fake", "fake, as they are")
+STAGE: ContextVar[str] = ContextVar("attncost_stage", default=STAGES[0])
 
 
-def fake_tensors() -> contextlib.AbstractContextManager[None]:
-    """Count on fake tensors even where every tensor is a meta one: after :class:`MetaRefused`, on a fresh twin
-    with fresh inputs (the failed run may have changed both: a lazily built table, a cache it appended to)."""
-    return switched(FAKE_ONLY, True)
+def at_stage(stage: str) -> contextlib.AbstractContextManager[None]:
+    """Count at *stage* (one of :data:`STAGES`; a context variable, as repeats.SHORTCUT is)."""
+    return switched(STAGE, stage)
 
 
-class MetaRefused(CountError):
-    """The model could not run on bare meta tensors (a copy to the CPU and back, an op without a meta kernel);
-    fake tensors, which run more (their own kernels, their fallbacks), may: count again in :func:`fake_tensors`."""
+class Refused(CountError):
+    """The model could not run at one of :data:`STAGES`; the next (:attr:`next`) may run it: count again there, on
+    a fresh twin with fresh inputs (the failed run may have changed both: a lazily built table, a cache it
+    appended to)."""
+
+    def __init__(self, message: str, next: str) -> None:
+        super().__init__(message)
+        self.next = next
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,6 +475,7 @@ class _How:
     fake: bool
     buffer_masks: Mapping[str, Pattern] | None
     bare: bool
+    compiling: bool  # on fake or meta tensors, with torch.compiler.is_compiling() true
 
 
 def _count_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], how: _How,
@@ -540,7 +549,7 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        compiling = as_if_compiling() if how.fake else contextlib.nullcontext()
+        compiling = as_if_compiling() if how.compiling else contextlib.nullcontext()
         with no_global_hooks(), torch.random.fork_rng(devices=[]), meta_autocast(), compiling, mode:
             if how.fake and not how.bare:
                 made: dict[int, Any] = {}
@@ -561,9 +570,11 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
             raise
         reason = f"{type(exc).__name__}: {exc}".strip()[:600]
         where = "on meta tensors" if how.bare else "on fake tensors" if how.fake else "on real tensors"
-        error = MetaRefused if how.bare else CountError
-        raise error(f"torch's FlopCounterMode could not run {type(model).__name__} {where}{site(exc, model)}: "
-                    f"{reason}\nFix: {hint(reason)}.") from exc
+        message = (f"torch's FlopCounterMode could not run {type(model).__name__} {where}{site(exc, model)}: "
+                   f"{reason}\nFix: {hint(reason)}.")
+        if how.bare or how.compiling:
+            raise Refused(message, STAGES[1] if how.bare else STAGES[2]) from exc
+        raise CountError(message) from exc
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         recorder.remove_hooks()

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -26,10 +26,11 @@ __all__ = ["SHORTCUT", "Copy", "NotRepeating", "Repeats", "Run", "alike", "copie
 
 #: The switch: False inside :func:`full_trace` (a context variable: threads and tasks keep their own).
 SHORTCUT: ContextVar[bool] = ContextVar("attncost_shortcut", default=True)
+V = TypeVar("V")
 
 
 @contextlib.contextmanager
-def switched(switch: ContextVar[bool], value: bool) -> Iterator[None]:
+def switched(switch: ContextVar[V], value: V) -> Iterator[None]:
     """*switch* set to *value* for the duration (this thread's or task's, as context variables are)."""
     token = switch.set(value)
     try:
