@@ -19,10 +19,11 @@ low-rank projections, layers that differ), there is no spec, as before: pass ``s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
-from .flow import first_matrix, width_of
+from .flow import rows, width_of
 from .formulas import ModelSpec
 from .ops import OpRecord
 from .roles import Structure
@@ -66,15 +67,15 @@ def _layer_figures(records: Sequence[OpRecord], structure: Structure, mine: list
     if not entry or not all(records[i].shapes and records[i].out_shape for i in entry + ffn):
         return None
     hidden = {width_of(records[i]) for i in entry}
-    tokens = {first_matrix(records[i])[-2] for i in entry}
-    if len(hidden) != 1 or len(first.shapes[0]) >= 3 and all(len(records[i].shapes[0]) >= 3 for i in entry) \
-            and tokens != {queries}:
-        return None  # low-rank or cross projections, or cores over other rows than the tokens projected
+    if len(hidden) != 1:
+        return None  # low-rank or cross projections
     width = sum(records[i].out_shape[-1] for i in entry)
     if heads is None:
         heads = width // (3 * head_dim) if width % (3 * head_dim) == 0 else None
     if heads is None or fused and len(first.shapes) < 3:
         return None  # a fused kernel names q, k and v
+    if {rows(records[i]) for i in entry} != {math.prod(first.shapes[0][:-2]) // heads * queries}:
+        return None  # cores over other rows than the tokens projected (a linear attention's K^T V: d x d)
     rest = width - heads * head_dim
     if rest <= 0 or rest % (2 * head_dim):
         return None

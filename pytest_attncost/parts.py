@@ -223,8 +223,9 @@ def _lengths(group: list[OpRecord]) -> tuple[int, int, int] | None:
         return None
     queries, leading = last.out_shape[-2], math.prod(last.out_shape[:-2])
     chained = len(group) > 1 and len(first.out_shape) >= 2 and last.shapes[:1] == (first.out_shape,)
-    if chained and not is_fused(first.op):
-        # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd")
+    if chained and not is_fused(first.op) and first.out_shape[-2] in last.out_shape[:-1]:
+        # scores [.., n, m] @ V: the scores know n whatever layout the output takes (einsum "bqhd"); a linear
+        # attention's context [.., features, d] (K'^T V, Performer's) has rows no dimension of its output has
         queries, leading = first.out_shape[-2], math.prod(first.out_shape[:-2])
     if first.op in SDPA_OPS and len(first.shapes) >= 2 and len(first.shapes[1]) >= 2:
         keys = first.shapes[1][-2]

@@ -812,3 +812,56 @@ def test_a_head_kept_in_the_layers_sequential_is_not_called_a_layer() -> None:
         assert (p.n, p.batch) == (8, 2)  # (b, n, D) floats: the batch they hold, not 1
         assert not any("beside the attention layers" in w for w in p.warnings)
         assert p.ffn == 2 * 2 * lin(16, D, FF)  # the two layers' FFNs; the head stays in other
+
+
+class _LinearAttention(nn.Module):
+    """Katharopoulos et al.'s linear attention, written as performer-pytorch writes it: K'^T V first (a d x d
+    context), Q' against the keys' sum for the normalizer, and one einsum of the context, Q' and the normalizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_q, self.to_k, self.to_v, self.to_out = (nn.Linear(D, D) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = (f(x).reshape(b, n, H, D // H).transpose(1, 2) for f in (self.to_q, self.to_k, self.to_v))
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+        context = torch.einsum("bhnd,bhne->bhde", k, v)
+        normalizer = 1 / torch.einsum("bhnd,bhd->bhn", q, k.sum(dim=-2))
+        out = torch.einsum("bhde,bhnd,bhn->bhne", context, q, normalizer)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, D))
+
+
+class _Residual(nn.Module):
+    def __init__(self, fn: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.fn = nn.LayerNorm(D), fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fn(self.norm(x))
+
+
+class _LinearTransformer(nn.Module):
+    """Attention and FFN blocks as the two elements of each layer's list (performer-pytorch's layout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.ModuleList([_Residual(_LinearAttention()), _Residual(nn.Sequential(
+                nn.Linear(D, FF), nn.GELU(), nn.Linear(FF, D)))]) for _ in range(L))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for attention, ffn in self.layers:
+            x = ffn(attention(x))
+        return x
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_linear_attention_is_attention_over_the_inputs_length(backend: str) -> None:
+    n, b, d = 32, 2, D // H  # n != d: the d x d context is no n x n score
+    p = profile(_LinearTransformer(), inputs=(torch.zeros(b, n, D),), backend=backend)
+    assert (p.n, p.batch) == (n, b)  # the tokens, not the context's d rows
+    # context (n d^2) + normalizer (n d) + output (n d^2) per head; to_out takes the normalized output: a projection
+    assert (p.attention_core, p.attention_proj, p.ffn) == (
+        L * b * H * (n * d * d + n * d + n * d * d), L * 4 * lin(b * n, D, D), L * 2 * lin(b * n, D, FF))
+    assert p.spec is None and p.warnings == ()  # no softmax attention's shape is read from a d x d context

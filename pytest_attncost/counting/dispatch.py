@@ -584,7 +584,8 @@ def _run_torch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
 class _Einsums(TorchFunctionMode):
     """An einsum is one product to the reader of records, as fvcore records it: torch runs it as a bmm of its
     operands folded (a multi-query einsum folds heads into the rows), so the record of that one product takes
-    the einsum's operand and output shapes, which say how many queries the attention saw."""
+    the einsum's operand and output shapes, which say how many queries the attention saw, and each operand's
+    sources (a third operand multiplied in, Performer's normalizer, reaches the product, not only its result)."""
 
     def __init__(self, recorder: _TorchRecorder) -> None:
         super().__init__()
@@ -600,7 +601,8 @@ class _Einsums(TorchFunctionMode):
         if len(made) == 1 and isinstance(out, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in operands):
             record = self.recorder.records[made[0]]
             self.recorder.records[made[0]] = dataclasses.replace(
-                record, shapes=tuple(tuple(t.shape) for t in operands), out_shape=tuple(out.shape))
+                record, shapes=tuple(tuple(t.shape) for t in operands), out_shape=tuple(out.shape),
+                sources=self.recorder._operand_sources(tuple(operands)))
         return out
 
 
