@@ -44,6 +44,11 @@ LAYER_NO_FFN_WARNING = ("{module}: the layer has attention but no FFN product, w
 NO_CORE_WARNING = ("no attention core was counted ({modules}): the attention ran no product the counter knows; "
                    "see unsupported_ops")
 
+FEWER_CALLS_WARNING = ("the attention ran {calls} time(s) in the layers ({layers}), while the spec has {expected} "
+                       "attention layer(s): a layer that ran nothing (skipped for an input it was not given, as a "
+                       "cross-attention layer without its states) is in the formula but not in the count; give the "
+                       "inputs it needs, or pass spec= for the layers that ran")
+
 BARE_WARNING = ("{modules}: {count} layer(s) beside the attention layers ran no attention core; their {macs:,} MAC "
                 "(their FFNs included) are counted as other; pass roles= to place them")
 
@@ -257,6 +262,10 @@ def structure_warnings(parts: Split, structure: Structure | None, records: Seque
         elif without and len(without) < len(structure.layers):
             found += [LAYER_NO_FFN_WARNING.format(module=layer or name, others=len(structure.layers) - len(without))
                       for layer in without]
+        calls = sum(structure.layer_of(module) is not None for module, _ in structure.groups)
+        expected = 0 if spec is None else spec.layers * (2 if spec.cross_attention else 1)
+        if structure.layers and 0 < calls < expected:
+            found.append(FEWER_CALLS_WARNING.format(calls=calls, layers=_first(structure.layers), expected=expected))
         if structure.bare:
             macs = sum(r.macs for r in records if any(within(r.scope, b) for b in structure.bare))
             found.append(BARE_WARNING.format(modules=_first(structure.bare), count=len(structure.bare), macs=macs))

@@ -865,3 +865,19 @@ def test_linear_attention_is_attention_over_the_inputs_length(backend: str) -> N
     assert (p.attention_core, p.attention_proj, p.ffn) == (
         L * b * H * (n * d * d + n * d + n * d * d), L * 4 * lin(b * n, D, D), L * 2 * lin(b * n, D, FF))
     assert p.spec is None and p.warnings == ()  # no softmax attention's shape is read from a d x d context
+
+
+def test_a_layer_that_ran_nothing_is_named_beside_the_formulas_deviation() -> None:
+    # Mllama's text model: layer 1 is a cross-attention layer, which skips itself without the vision states
+    from transformers import MllamaTextConfig, MllamaTextModel
+
+    n, kv, d = 16, 2, D // H
+    config = MllamaTextConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=kv, num_hidden_layers=2,
+                              intermediate_size=FF, vocab_size=128, cross_attention_layers=[1], pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2)
+    p = profile(lambda: MllamaTextModel(config), n)
+    # layer 0 alone: GQA self-attention and a gated MLP
+    assert (p.attention_core, p.attention_proj, p.ffn) == (
+        2 * H * n * n * d, 2 * lin(n, D, D) + 2 * lin(n, D, kv * d), 3 * lin(n, D, FF))
+    assert any(w.startswith("the attention ran 1 time(s) in the layers (layers.0), while the spec has 2 attention "
+                            "layer(s)") and "give the inputs it needs" in w for w in p.warnings), p.warnings
