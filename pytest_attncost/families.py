@@ -391,6 +391,13 @@ def no_padding_check() -> contextlib.AbstractContextManager[None]:
     return _stubbed("modeling_utils", "PreTrainedModel", "warn_if_padding_and_no_attention_mask")
 
 
+def state_space_of(model: nn.Module) -> frozenset[str]:
+    """Modules that hold a state-space model's own parameters, ``A_log`` and ``D`` (Mamba's and Mamba-2's mixers):
+    their products of two activations (Mamba-2's chunked scan) are no attention."""
+    return frozenset(name for name, module in model.named_modules()
+                     if all(isinstance(getattr(module, p, None), nn.Parameter) for p in ("A_log", "D")))
+
+
 def experts_of(model: nn.Module) -> dict[str, int]:
     """Modules holding mixture-of-experts weights -> number of experts: a module with ``num_experts`` and stacked
     expert weights (a 3-D parameter ``[E, ., .]``, transformers 5), or a ``ModuleList`` / ``ModuleDict`` ``experts``."""

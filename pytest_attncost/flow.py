@@ -26,8 +26,9 @@ class Flow:
         group_of: core index -> its group's position in *groups*.
     """
 
-    def __init__(self, records: Sequence[OpRecord]) -> None:
-        self.records = records
+    def __init__(self, records: Sequence[OpRecord], apart: frozenset[str] = frozenset()) -> None:
+        """*apart*: modules whose products of two activations are no attention call (state-space mixers)."""
+        self.records, self.apart = records, apart
         self.products = [i for i, r in enumerate(records)
                          if r.backward_of is None and (is_product(r.op) or is_fused(r.op))]
         self.consumers: dict[int, list[int]] = {i: [] for i in self.products}
@@ -47,7 +48,7 @@ class Flow:
             record = records[i]
             if is_fused(record.op):
                 parent.setdefault(i, i)
-            elif record.origin == "activation":
+            elif record.origin == "activation" and not self.apart_at(i):
                 for k, operand in enumerate(record.sources):  # scores (or K^T V) reaching the next product
                     others = {s for j, o in enumerate(record.sources) if j != k for s in o}
                     # scores reach one operand (probabilities @ V), not both (x @ x^T of a residual stream)
@@ -92,7 +93,11 @@ class Flow:
         attends to a single key)."""
         record = self.records[i]
         return (i in self.consumers and record.origin == "activation" and is_product(record.op)
-                and len(record.out_shape) >= 2)
+                and len(record.out_shape) >= 2 and not self.apart_at(i))
+
+    def apart_at(self, i: int) -> bool:
+        """Whether product *i* runs in a module whose products are no attention (:class:`Flow`'s *apart*)."""
+        return bool(self.apart) and not self.apart.isdisjoint(ancestors(self.records[i].scope))
 
     def params(self, indices: Iterable[int]) -> list[int]:
         """The parameter products among *indices* that multiply a matrix (a product of vectors with a parameter

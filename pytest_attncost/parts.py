@@ -31,6 +31,9 @@ OUTSIDE_NOTE = ("attention outside the repeated layers, counted as attention and
 CONDITIONING_NOTE = ("conditioning: products in the layers that run on the batch's conditioning (a timestep MLP, "
                      "adaLN modulation), fewer rows than the tokens, counted as other: {modules}: {macs:,} MAC")
 
+STATE_SPACE_NOTE = ("state-space mixers in the layers, beside their attention (no attention and no FFN), counted as "
+                    "other: {modules}: {macs:,} MAC")
+
 #: Warnings on a profile: the cause, the module and the MACs concerned (see DECISIONS: plain strings).
 UNPLACED_WARNING = ("{module}: {macs:,} MAC of products of two activations outside the layer's attention "
                     "module(s) could not be placed (counted as other); pass roles= to place them")
@@ -71,6 +74,7 @@ class Split:
     layer_ffn: dict[str, int] = field(default_factory=dict)  # layer -> its ffn MACs
     unplaced: dict[str, int] = field(default_factory=dict)  # module -> MACs the split could not place
     conditioning: dict[str, int] = field(default_factory=dict)  # module -> MACs on the batch's conditioning (other)
+    state_space: dict[str, int] = field(default_factory=dict)  # state-space mixer in a layer -> its MACs (other)
     unknown_masks: dict[str, int] = field(default_factory=dict)  # module -> core MACs under a mask of unknown form
     outside: dict[str, int] = field(default_factory=dict)  # part -> MACs of attention blocks outside the layers
     moved: dict[str, tuple[int, int]] = field(default_factory=dict)  # part -> (weight, activation) elements
@@ -114,6 +118,10 @@ def split(records: Sequence[OpRecord], roles: Mapping[str, str], structure: Stru
             part = "other"
         elif part == "conditioning":
             result.conditioning[record.scope] = result.conditioning.get(record.scope, 0) + macs
+            part = "other"
+        elif part == "state_space" and structure is not None:
+            mixer = next(m for m in structure.state_space if within(record.scope, m))
+            result.state_space[mixer] = result.state_space.get(mixer, 0) + macs
             part = "other"
         if index in columns and structure is not None:  # split by its columns: the first share placed below
             (part, macs), *rest = _shares(record.macs, columns[index])
@@ -281,6 +289,9 @@ def split_notes(parts: Split, structure: Structure | None) -> list[str]:
     if parts.conditioning:
         found.append(CONDITIONING_NOTE.format(modules=_first(sorted(parts.conditioning)),
                                               macs=sum(parts.conditioning.values())))
+    if parts.state_space:
+        found.append(STATE_SPACE_NOTE.format(modules=_first(sorted(parts.state_space)),
+                                             macs=sum(parts.state_space.values())))
     return found
 
 

@@ -115,6 +115,7 @@ class Setup:
     local: dict[str, tuple[str, int]] | None  # causal="kept": module -> its layer's window or chunks
     containers: list[str]
     experts: Any
+    state_space: frozenset[str]  # state-space mixers (families.state_space_of): no attention in them
     rows: dict[Any, dict[str, tuple[str, int, str]]] = dataclasses.field(default_factory=dict)
     spec_note: str | None = None  # why the model's config gives no spec (None: it has no config to say)
 
@@ -154,7 +155,7 @@ class Setup:
             bidirectional=frozenset(name for name, said in declared.items() if not said) if causal else frozenset(),
             containers=[name for name, module in twin.named_modules()
                         if isinstance(module, (nn.ModuleList, nn.Sequential))] + counting.shell_containers(twin),
-            experts=families.experts_of(twin), spec_note=spec_note,
+            experts=families.experts_of(twin), state_space=families.state_space_of(twin), spec_note=spec_note,
         )
 
 
@@ -214,7 +215,8 @@ def place(setup: Setup, raw: RawCount, found: roles_mod.Structure | None = None)
     if roles is not None:
         assigned = parts_mod.explicit_roles(roles, raw.module_names)
     else:
-        structure = found or roles_mod.find_structure(raw.records, setup.containers, setup.experts, raw.outputs)
+        structure = found or roles_mod.find_structure(raw.records, setup.containers, setup.experts, raw.outputs,
+                                                      setup.state_space)
         assigned = structure.roles()
     if raw.total == 0:
         raise ProfileError(NOTHING_RAN)
@@ -405,7 +407,7 @@ def _structures(setup: Setup, raws: list[RawCount]) -> list[roles_mod.Structure]
         structure = found.get(key := _unit_sizes(raw))
         if structure is None or structure.warnings:
             structure = found[key] = roles_mod.find_structure(raw.records, setup.containers, setup.experts,
-                                                              raw.outputs)
+                                                              raw.outputs, setup.state_space)
         structures.append(structure)
     return structures
 

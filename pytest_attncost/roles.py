@@ -173,8 +173,10 @@ class Structure:
         experts: per experts module, the number of experts.
         bare: elements beside the layers that hold products but run no core (the state-space or recurrent
             layers of a hybrid model): their products, their FFNs included, are ``other``.
+        state_space: state-space mixers inside the layers (Falcon-H1's Mamba beside each layer's attention).
         parts: per record, its part: ``attention_core``, ``attention_proj``, ``ffn``, ``other``,
-            ``conditioning`` (a product of a layer on the batch's conditioning, not on its tokens: counted as other)
+            ``conditioning`` (a product of a layer on the batch's conditioning, not on its tokens: counted as other),
+            ``state_space`` (a product of a state-space mixer in a layer: counted as other)
             or ``unplaced`` (a product of two activations in a layer that is no core).
         groups: the attention calls (indices of their cores), and where each runs (its attention module).
         warnings: what the data flow could not square with itself (docs/split.md).
@@ -189,6 +191,7 @@ class Structure:
     outside: tuple[str, ...] = ()
     experts: Mapping[str, int] = field(default_factory=dict)
     bare: tuple[str, ...] = ()
+    state_space: tuple[str, ...] = ()
     parts: tuple[str, ...] = ()
     groups: tuple[tuple[str, tuple[int, ...]], ...] = ()
     warnings: tuple[str, ...] = ()
@@ -212,7 +215,7 @@ class Structure:
         assigned: dict[str, str] = {**dict.fromkeys(self.layers, "ffn"), **dict.fromkeys(self.members, "ffn")}
         for modules in (*self.attention.values(), self.outside):
             assigned.update(dict.fromkeys(modules, "attention"))
-        return assigned
+        return {**assigned, **dict.fromkeys(self.state_space, "other")} if assigned else assigned
 
 
 def _elements(scope: str, boxes: frozenset[str]) -> list[str]:
@@ -286,10 +289,11 @@ def _child(module: str, scope: str) -> str:
 
 
 def find_structure(records: Sequence[OpRecord], containers: Iterable[str], experts: Mapping[str, int] | None = None,
-                   outputs: Iterable[Iterable[int]] = ()) -> Structure:
+                   outputs: Iterable[Iterable[int]] = (), state_space: Iterable[str] = ()) -> Structure:
     """Layers, attention calls, projections and FFNs of a count, by data flow and structure (docs/split.md);
-    *outputs*: per output of the model, the products whose results reach it (``RawCount.outputs``)."""
-    flow = Flow(records)
+    *outputs*: per output of the model, the products whose results reach it (``RawCount.outputs``);
+    *state_space*: modules whose products of two activations are no attention (Mamba-2's scan)."""
+    flow = Flow(records, frozenset(state_space))
     boxes = frozenset(containers)
     homes = [_common(records[i].scope for i in group) for group in flow.groups]
     found = [_projections(flow, group, None) for group in flow.groups]
@@ -303,7 +307,7 @@ def find_structure(records: Sequence[OpRecord], containers: Iterable[str], exper
     members, bare = _members(flow, layers, boxes, beside, cross)
     layers = {layer: None for layer in layers if layer not in members}
     structure = Structure(layers=tuple(layers), members={m: members.get(o, o) for m, o in members.items()},
-                          experts=dict(experts or {}), bare=tuple(bare))
+                          experts=dict(experts or {}), bare=tuple(bare), state_space=tuple(sorted(flow.apart)))
     layer_at = {i: structure.layer_of(records[i].scope) for i in flow.products}
     inside = {i for i, layer in layer_at.items() if layer is not None}
     regions: dict[str | None, set[int]] = {}
@@ -353,7 +357,9 @@ def _parts(flow: Flow, structure: Structure, projections: list[Projections], ins
         record = records[i]
         if parts[i] != "other" or not bare.isdisjoint(ancestors(record.scope)):
             continue
-        if i in inside:
+        if i in inside and flow.apart_at(i):
+            parts[i] = "state_space"
+        elif i in inside:
             layer = structure.layer_of(record.scope)
             parts[i] = _leftover(flow, i, parts, tokens.get(layer, 0), _wrapper_part(flow, i, parts, structure))
         elif i in block_ffn:

@@ -881,3 +881,31 @@ def test_a_layer_that_ran_nothing_is_named_beside_the_formulas_deviation() -> No
         2 * H * n * n * d, 2 * lin(n, D, D) + 2 * lin(n, D, kv * d), 3 * lin(n, D, FF))
     assert any(w.startswith("the attention ran 1 time(s) in the layers (layers.0), while the spec has 2 attention "
                             "layer(s)") and "give the inputs it needs" in w for w in p.warnings), p.warnings
+
+
+def test_state_space_mixers_are_neither_attention_nor_ffn() -> None:
+    # Mamba-2's chunked scan multiplies activations like QK^T and AV; a module holding A_log and D is no attention
+    from transformers import BambaConfig, BambaModel, FalconH1Config, FalconH1Model
+
+    n, kv, d = 16, 2, D // H
+    shape = dict(hidden_size=D, num_attention_heads=H, num_key_value_heads=kv, num_hidden_layers=2,
+                 intermediate_size=FF, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    attention = (2 * H * n * n * d, 2 * lin(n, D, D) + 2 * lin(n, D, kv * d))
+    gated = 3 * lin(n, D, FF)
+    # Bamba: layer 0 a Mamba-2 mixer and its MLP (a layer beside the attention layers: other), layer 1 attention
+    bamba = profile(lambda: BambaModel(BambaConfig(**shape, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16,
+                                                   mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16)),
+                    n, backend="torch")
+    assert (bamba.attention_core, bamba.attention_proj, bamba.ffn) == (*attention, gated)
+    assert bamba.other > 0 and bamba.spec is None
+    assert any(w.startswith("layers.0: 1 layer(s) beside the attention layers ran no attention core")
+               for w in bamba.warnings), bamba.warnings
+    # Falcon-H1: every layer runs attention and a Mamba-2 mixer side by side, then its MLP: the formula's parts exact
+    falcon = profile(lambda: FalconH1Model(FalconH1Config(**shape, head_dim=d, mamba_d_ssm=64, mamba_n_heads=4,
+                                                          mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+                                                          mamba_chunk_size=16)), n, backend="torch")
+    assert (falcon.attention_core, falcon.attention_proj, falcon.ffn) == (2 * attention[0], 2 * attention[1], 2 * gated)
+    assert (falcon.deviation, falcon.warnings) == (0, ())
+    assert any(note.startswith("state-space mixers in the layers, beside their attention (no attention and no FFN), "
+                               f"counted as other: layers.0.mamba, layers.1.mamba: {falcon.other:,} MAC")
+               for note in falcon.notes), falcon.notes
