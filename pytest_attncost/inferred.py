@@ -28,8 +28,10 @@ from .formulas import ModelSpec
 from .ops import OpRecord
 from .roles import Structure
 
-__all__ = ["INFERRED_NOTE", "infer_spec", "is_inferred", "spec_keywords"]
+__all__ = ["INFERRED_NOTE", "NOT_INFERRED", "infer_spec", "is_inferred", "spec_keywords"]
 
+NOT_INFERRED = ("no config describes the model, and its trace shows no one shape to read: {why}; "
+                "pass spec=ModelSpec(...)")
 INFERRED_NOTE = ("spec inferred from the trace (no config describes the model): {spec}; the formulas and the "
                  "deviation use it; pass spec=ModelSpec(...) to set it")
 
@@ -49,71 +51,78 @@ def spec_keywords(spec: ModelSpec) -> str:
 
 
 def _layer_figures(records: Sequence[OpRecord], structure: Structure, mine: list[int],
-                   cores: tuple[int, ...]) -> tuple[int, ...] | None:
+                   cores: tuple[int, ...]) -> tuple[int, ...] | str:
     """(hidden, heads, head_dim, kv_heads, ffn_dim, gated) of one layer (*mine*: its forward parameter products),
-    or None where the trace does not tell."""
+    or why the trace does not tell."""
     first = records[cores[0]]
     if len(first.shapes) < 2 or len(first.shapes[0]) < 3:
-        return None
+        return "its attention's operands show no heads"
     head_dim = first.shapes[0][-1]
     fused = "attention" in first.op  # q, k, v of a fused kernel
     queries, keys = (first.shapes[0][-2], first.shapes[1][-2]) if fused else first.out_shape[-2:]
     if queries != keys:
-        return None  # not every query against every key (windows, low-rank keys): not the formulas' core
+        return "not every query meets every key (windows, low-rank keys): not the formulas' core"
     heads = first.shapes[0][-3] if len(first.shapes[0]) >= 4 else None
     core_inputs = {s for c in cores for source in records[c].sources for s in source}
     entry = [i for i in mine if structure.parts[i] == "attention_proj" and i in core_inputs]
     ffn = [i for i in mine if structure.parts[i] == "ffn"]
     if not entry or not all(records[i].shapes and records[i].out_shape for i in entry + ffn):
-        return None
+        return "no projection feeds its cores"
     hidden = {width_of(records[i]) for i in entry}
     if len(hidden) != 1:
-        return None  # low-rank or cross projections
+        return "its projections read inputs of different widths (low-rank or cross projections)"
     width = sum(records[i].out_shape[-1] for i in entry)
     if heads is None:
         heads = width // (3 * head_dim) if width % (3 * head_dim) == 0 else None
     if heads is None or fused and len(first.shapes) < 3:
-        return None  # a fused kernel names q, k and v
+        return "its projections' widths give no number of heads"
     if {rows(records[i]) for i in entry} != {math.prod(first.shapes[0][:-2]) // heads * queries}:
-        return None  # cores over other rows than the tokens projected (a linear attention's K^T V: d x d)
+        return "its cores run over other rows than the tokens projected (a linear attention's d x d context)"
     rest = width - heads * head_dim
     if rest <= 0 or rest % (2 * head_dim):
-        return None
+        return "its projections' widths give no keys and values beside the queries"
     (model_width,) = hidden
     down = [i for i in ffn if records[i].out_shape[-1] == model_width and width_of(records[i]) != model_width]
     up = [i for i in ffn if width_of(records[i]) == model_width]
     if not ffn:
         return (model_width, heads, head_dim, rest // (2 * head_dim), 0, 0)
     if len(down) != 1 or len(up) + 1 != len(ffn):
-        return None
+        return "its FFN's products are not one back to the hidden size and the rest from it"
     ffn_dim = width_of(records[down[0]])
     wide = sum(records[i].out_shape[-1] for i in up)
     if wide not in (ffn_dim, 2 * ffn_dim):
-        return None
+        return "its FFN's widths are neither plain nor gated"
     return (model_width, heads, head_dim, rest // (2 * head_dim), ffn_dim, int(wide == 2 * ffn_dim))
 
 
-def infer_spec(records: Sequence[OpRecord], structure: Structure) -> ModelSpec | None:
-    """The spec every layer of the trace shows alike (one self-attention call each), or None."""
-    if not structure.layers or structure.outside or structure.experts or structure.bare or structure.columns:
-        return None  # a product split by its columns (Flux's proj_out, a fused Q/K/V + MLP input) fits no formula
+def infer_spec(records: Sequence[OpRecord], structure: Structure) -> ModelSpec | str:
+    """The spec every layer of the trace shows alike (one self-attention call each), or why there is none."""
+    why = ("no repeated layers run attention" if not structure.layers else
+           "attention runs outside the repeated layers" if structure.outside else
+           "its layers hold experts" if structure.experts else
+           "layers without attention run beside those with it" if structure.bare else
+           "a product is split by its columns (Flux's proj_out, a fused Q/K/V and MLP input)"
+           if structure.columns else None)
+    if why is not None:
+        return why
     calls = {}
     for module, cores in structure.groups:
         layer = structure.layer_of(module)
         if layer is None or layer in calls:
-            return None  # attention outside the layers, or two calls in one (cross-attention)
+            return "a layer runs two attention calls (cross-attention)"
         calls[layer] = cores
     if set(calls) != set(structure.layers):
-        return None
+        return "a layer runs no attention call"
     mine: dict[str | None, list[int]] = {}  # per layer, its forward parameter products (one pass over the records)
     for i, record in enumerate(records):
         if record.origin == "param" and record.backward_of is None:
             mine.setdefault(structure.layer_of(record.scope), []).append(i)
-    figures = {_layer_figures(records, structure, mine.get(layer, []), cores) for layer, cores in calls.items()}
-    if len(figures) != 1 or None in figures:
-        return None
-    (found,) = figures
-    assert found is not None
+    figures = [_layer_figures(records, structure, mine.get(layer, []), cores) for layer, cores in calls.items()]
+    found = next((f for f in figures if isinstance(f, str)), None) or figures[0]
+    if isinstance(found, str):
+        return found
+    if len(set(figures)) != 1:
+        return "its layers differ in shape"
     hidden, heads, head_dim, kv_heads, ffn_dim, gated = found
     return ModelSpec(hidden=hidden, heads=heads, head_dim=head_dim, layers=len(structure.layers), ffn_dim=ffn_dim,
                      kv_heads=None if kv_heads == heads else kv_heads, gated=bool(gated))

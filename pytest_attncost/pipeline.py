@@ -240,9 +240,10 @@ def place(setup: Setup, raw: RawCount, found: roles_mod.Structure | None = None)
             spec = dataclasses.replace(spec, gated=gated)
     if (spec is None and spec_read and structure is not None and setup.spec_note is None
             and request.mode == "forward" and setup.local is None):
-        spec = inferred.infer_spec(raw.records, structure)  # a model of one's own: the trace shows its shape
-        if spec is not None:
-            notes.append(inferred.INFERRED_NOTE.format(spec=inferred.spec_keywords(spec)))
+        read = inferred.infer_spec(raw.records, structure)  # a model of one's own: the trace shows its shape
+        spec = None if isinstance(read, str) else read
+        notes.append(SPEC_NOTE.format(why=inferred.NOT_INFERRED.format(why=read)) if spec is None
+                     else inferred.INFERRED_NOTE.format(spec=inferred.spec_keywords(spec)))
     if structure is not None and structure.bare and spec is not None and spec_read:
         # a hybrid stack: the formulas put attention in every one of the config's layers
         notes.append(SPEC_NOTE.format(why=HYBRID_NOTE.format(bare=len(structure.bare), layers=len(structure.layers))))

@@ -865,6 +865,9 @@ def test_linear_attention_is_attention_over_the_inputs_length(backend: str) -> N
     assert (p.attention_core, p.attention_proj, p.ffn) == (
         L * b * H * (n * d * d + n * d + n * d * d), L * 4 * lin(b * n, D, D), L * 2 * lin(b * n, D, FF))
     assert p.spec is None and p.warnings == ()  # no softmax attention's shape is read from a d x d context
+    assert p.notes == ("no formula: no config describes the model, and its trace shows no one shape to read: its "
+                       "cores run over other rows than the tokens projected (a linear attention's d x d context); "
+                       "pass spec=ModelSpec(...)",)
 
 
 def test_a_layer_that_ran_nothing_is_named_beside_the_formulas_deviation() -> None:
