@@ -872,12 +872,13 @@ def test_linear_attention_is_attention_over_the_inputs_length(backend: str) -> N
 
 def test_a_layer_that_ran_nothing_is_named_beside_the_formulas_deviation() -> None:
     # Mllama's text model: layer 1 is a cross-attention layer, which skips itself without the vision states
-    from transformers import MllamaTextConfig, MllamaTextModel
+    from transformers.models.mllama.configuration_mllama import MllamaTextConfig  # (not top-level in transformers 4)
+    from transformers.models.mllama.modeling_mllama import MllamaTextModel
 
     n, kv, d = 16, 2, D // H
     config = MllamaTextConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=kv, num_hidden_layers=2,
                               intermediate_size=FF, vocab_size=128, cross_attention_layers=[1], pad_token_id=0,
-                              bos_token_id=1, eos_token_id=2)
+                              bos_token_id=1, eos_token_id=2, rope_scaling={"rope_type": "default"})
     p = profile(lambda: MllamaTextModel(config), n)
     # layer 0 alone: GQA self-attention and a gated MLP
     assert (p.attention_core, p.attention_proj, p.ffn) == (
@@ -886,15 +887,20 @@ def test_a_layer_that_ran_nothing_is_named_beside_the_formulas_deviation() -> No
                             "layer(s)") and "give the inputs it needs" in w for w in p.warnings), p.warnings
 
 
-def test_state_space_mixers_are_neither_attention_nor_ffn() -> None:
-    # Mamba-2's chunked scan multiplies activations like QK^T and AV; a module holding A_log and D is no attention
-    from transformers import BambaConfig, BambaModel, FalconH1Config, FalconH1Model
-
-    n, kv, d = 16, 2, D // H
-    shape = dict(hidden_size=D, num_attention_heads=H, num_key_value_heads=kv, num_hidden_layers=2,
+# Mamba-2's chunked scan multiplies activations like QK^T and AV; a module holding A_log and D is no attention
+SSM_N, SSM_KV = 16, 2
+SSM_SHAPE = dict(hidden_size=D, num_attention_heads=H, num_key_value_heads=SSM_KV, num_hidden_layers=2,
                  intermediate_size=FF, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    attention = (2 * H * n * n * d, 2 * lin(n, D, D) + 2 * lin(n, D, kv * d))
-    gated = 3 * lin(n, D, FF)
+#: one layer's self-attention (core, projections) and gated MLP at SSM_N tokens
+SSM_ATTENTION = (2 * H * SSM_N * SSM_N * (D // H), 2 * lin(SSM_N, D, D) + 2 * lin(SSM_N, D, SSM_KV * (D // H)))
+SSM_GATED = 3 * lin(SSM_N, D, FF)
+
+
+@tm.transformers_5("Bamba's transformers 4 code reads cache_position's values (cache_position[0] > 0)")
+def test_a_state_space_layer_beside_attention_layers_is_neither() -> None:
+    from transformers import BambaConfig, BambaModel
+
+    n, shape, attention, gated = SSM_N, SSM_SHAPE, SSM_ATTENTION, SSM_GATED
     # Bamba: layer 0 a Mamba-2 mixer and its MLP (a layer beside the attention layers: other), layer 1 attention
     bamba = profile(lambda: BambaModel(BambaConfig(**shape, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16,
                                                    mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16)),
@@ -903,6 +909,13 @@ def test_state_space_mixers_are_neither_attention_nor_ffn() -> None:
     assert bamba.other > 0 and bamba.spec is None
     assert any(w.startswith("layers.0: 1 layer(s) beside the attention layers ran no attention core")
                for w in bamba.warnings), bamba.warnings
+
+
+@tm.transformers_5("Falcon-H1's transformers 4 code reads cache_position's values (cache_position[0] > 0)")
+def test_a_state_space_mixer_beside_a_layers_attention_is_neither() -> None:
+    from transformers import FalconH1Config, FalconH1Model
+
+    n, shape, attention, gated, d = SSM_N, SSM_SHAPE, SSM_ATTENTION, SSM_GATED, D // H
     # Falcon-H1: every layer runs attention and a Mamba-2 mixer side by side, then its MLP: the formula's parts exact
     falcon = profile(lambda: FalconH1Model(FalconH1Config(**shape, head_dim=d, mamba_d_ssm=64, mamba_n_heads=4,
                                                           mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,

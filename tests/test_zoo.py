@@ -59,6 +59,9 @@ def unsupported(family: Case, kwargs: dict[str, Any], train: bool = False) -> st
     if major < 5 and family.family in ROUTED_BY_VALUE:
         return (f"transformers {TRANSFORMERS} routes {family.model}'s experts by value (nonzero): a factory cannot "
                 "be counted on meta, and the error says so; transformers 5 runs them as matrix products")
+    if train and family.family == "long-t5" and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 13):
+        return (f"torch {torch.__version__}: its fake tensors do not take LongT5's mask, made on the CPU, across to "
+                "the meta scores (masked_fill) in a training step (seen on torch 2.6; 2.13 does)")
     if train and major < 5 and family.family in LAYERDROP_DRAWN:
         return f"transformers {TRANSFORMERS}: {family.model} reads a random number for LayerDrop in training"
     return None
