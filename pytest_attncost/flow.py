@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
-from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product
+from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product, short
 
 __all__ = ["NARROW", "Flow", "first_matrix", "rows", "table", "width_of"]
 
@@ -161,7 +161,9 @@ def table(record: OpRecord) -> bool:
             or (record.op in _OUTER and len(shapes) == 2 and len(shapes[0]) >= 2 and shapes[0][-1] == 1))
 
 
-_OUTER = ("aten::matmul", "aten::mm", "aten::bmm")  # a @ b, contracting a's last dimension
+_OUTER = ("aten::matmul", "aten::mm", "aten::bmm")
+_CONVOLUTIONS = frozenset({"_convolution", "convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution",
+                           "_slow_conv2d_forward", "convolution_overrideable"})  # a @ b, contracting a's last dimension
 
 
 def rows(record: OpRecord) -> int:
@@ -169,6 +171,8 @@ def rows(record: OpRecord) -> int:
     of its output but the last; but where the output begins with its first matrix's rows and spreads the contracted
     columns over more than one dimension (XLNet's ``einsum('ibh,hnd->ibnd')``: heads x head_dim), those rows."""
     out = record.out_shape
+    if short(record.op) in _CONVOLUTIONS and len(out) >= 3:  # (batch, channels, *positions): channels last but one
+        return out[0] * math.prod(out[2:])
     first = first_matrix(record) or (record.shapes[0] if record.op == "aten::einsum" and record.shapes else ())
     if 2 <= len(first) < len(out) and tuple(out[:len(first) - 1]) == tuple(first[:-1]):
         return math.prod(first[:-1])

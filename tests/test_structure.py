@@ -925,3 +925,43 @@ def test_a_state_space_mixer_beside_a_layers_attention_is_neither() -> None:
     assert any(note.startswith("state-space mixers in the layers, beside their attention (no attention and no FFN), "
                                f"counted as other: layers.0.mamba, layers.1.mamba: {falcon.other:,} MAC")
                for note in falcon.notes), falcon.notes
+
+
+class _RelativeKeys(nn.Module):
+    """Self-attention with relative keys looked up in a table (Shaw et al.'s, as SpeechT5 writes them); then, with
+    *conv*, a 1x1 convolution over the channels of (batch, channels, tokens), as a Conformer's convolution module
+    runs."""
+
+    def __init__(self, reach: int = 4, conv: bool = False) -> None:
+        super().__init__()
+        self.reach, self.qkv, self.out = reach, nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.relative = nn.Embedding(2 * reach + 1, D // H)
+        self.pointwise = nn.Conv1d(D, D, 1) if conv else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, H, D // H).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        positions = torch.arange(n, device=x.device)
+        keys = self.relative((positions[None, :] - positions[:, None]).clamp(-self.reach, self.reach) + self.reach)
+        scores = q @ k.transpose(-1, -2) + torch.einsum("bhnd,nmd->bhnm", q, keys)
+        x = x + self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, D))
+        return x if self.pointwise is None else x + self.pointwise(x.transpose(1, 2)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("backend", ["fvcore", "torch"])
+def test_relative_keys_from_a_table_are_scores(backend: str) -> None:
+    n, b, d = 16, 2, D // H
+    p = profile(nn.Sequential(_RelativeKeys(), _RelativeKeys()), inputs=(torch.zeros(b, n, D),), backend=backend)
+    assert (p.backend, p.fallback) == (backend, None)
+    # QK^T, q . relative keys (an n x n score of their own: a core, not a projection), AV
+    assert p.attention_core == 2 * 3 * b * H * n * n * d
+    assert p.attention_proj == 2 * (lin(b * n, D, 3 * D) + lin(b * n, D, D))
+
+
+def test_a_convolution_over_channels_runs_on_the_tokens() -> None:
+    n, b = 96, 2  # more tokens than channels: b x channels rows would be fewer than the tokens
+    model = nn.Sequential(_RelativeKeys(conv=True), _RelativeKeys(conv=True))
+    p = profile(model, inputs=(torch.zeros(b, n, D),), backend="torch")
+    # its rows are the tokens (its output's last dimension), not its channels: FFN by the rule, not conditioning
+    assert p.ffn == 2 * lin(b * n, D, D)
+    assert not any(note.startswith("conditioning") for note in p.notes), p.notes

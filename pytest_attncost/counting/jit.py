@@ -160,6 +160,9 @@ class _TraceContext:
             seen, stack, found, alone = {key}, [start], False, True
             while stack and alone:
                 node = stack.pop().node()
+                if node.kind() in _LOOKUPS:  # rows looked up in a table (SpeechT5's relative positions): as the
+                    alone = False  # torch backend sees them, an activation, not a weight
+                    break
                 for item in node.inputs():
                     name = item.debugName()
                     if "Tensor" not in str(item.type()) or name in seen:
@@ -177,6 +180,9 @@ class _TraceContext:
         return self.derived[key]
 
 
+#: Ops that look rows up in a table: what they make from a parameter is no weight of a product.
+_LOOKUPS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::index_select", "aten::index", "aten::gather",
+                      "aten::take", "aten::take_along_dim"})
 _NOT_VALUES = frozenset({"Bool", "Byte", "Char", "Short", "Int", "Long"})
 #: Kinds of jit type that never hold a tensor (what ``str`` of them never names): no need to print them.
 _SCALAR_KINDS = frozenset({"IntType", "FloatType", "BoolType", "StringType", "NoneType", "DeviceObjType",
