@@ -161,17 +161,19 @@ def table(record: OpRecord) -> bool:
             or (record.op in _OUTER and len(shapes) == 2 and len(shapes[0]) >= 2 and shapes[0][-1] == 1))
 
 
-_OUTER = ("aten::matmul", "aten::mm", "aten::bmm")
+_OUTER = ("aten::matmul", "aten::mm", "aten::bmm")  # a @ b, contracting a's last dimension
+#: Convolutions, whose output is (batch, channels, *positions)
 _CONVOLUTIONS = frozenset({"_convolution", "convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution",
-                           "_slow_conv2d_forward", "convolution_overrideable"})  # a @ b, contracting a's last dimension
+                           "_slow_conv2d_forward", "convolution_overrideable"})
 
 
 def rows(record: OpRecord) -> int:
     """The rows a product's result has: tokens, for a projection or an FFN of a batch of sequences. Every dimension
     of its output but the last; but where the output begins with its first matrix's rows and spreads the contracted
-    columns over more than one dimension (XLNet's ``einsum('ibh,hnd->ibnd')``: heads x head_dim), those rows."""
+    columns over more than one dimension (XLNet's ``einsum('ibh,hnd->ibnd')``: heads x head_dim), those rows; and
+    a convolution's, whose channels come before its positions, batch x positions."""
     out = record.out_shape
-    if short(record.op) in _CONVOLUTIONS and len(out) >= 3:  # (batch, channels, *positions): channels last but one
+    if short(record.op) in _CONVOLUTIONS and len(out) >= 3:
         return out[0] * math.prod(out[2:])
     first = first_matrix(record) or (record.shapes[0] if record.op == "aten::einsum" and record.shapes else ())
     if 2 <= len(first) < len(out) and tuple(out[:len(first) - 1]) == tuple(first[:-1]):

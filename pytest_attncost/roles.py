@@ -173,7 +173,8 @@ class Structure:
         experts: per experts module, the number of experts.
         bare: elements beside the layers that hold products but run no core (the state-space or recurrent
             layers of a hybrid model): their products, their FFNs included, are ``other``.
-        state_space: state-space mixers inside the layers (Falcon-H1's Mamba beside each layer's attention).
+        state_space: the state-space mixers (families.state_space_of); one inside an attention layer (Falcon-H1's
+            Mamba beside each layer's attention) has its products counted as other, as a bare layer's are.
         parts: per record, its part: ``attention_core``, ``attention_proj``, ``ffn``, ``other``,
             ``conditioning`` (a product of a layer on the batch's conditioning, not on its tokens: counted as other),
             ``state_space`` (a product of a state-space mixer in a layer: counted as other)

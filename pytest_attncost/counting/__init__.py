@@ -75,9 +75,9 @@ def fresh_count(target: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 def staged(target: nn.Module, twin: nn.Module, run: Callable[[nn.Module], T]) -> T:
-    """``run(twin)`` at the first of the torch backend's :data:`~.dispatch.STAGES`, and where a stage refuses the
-    model, ``run`` of a fresh twin of *target* at the next. Where none runs it, the error of the last that refused
-    it, the fake tensors as if compiling (what they could not run), where the last stage cannot run it either.
+    """``run(twin)`` at the first of the torch backend's :data:`~.dispatch.STAGES`; where a stage refuses the model,
+    ``run`` of a fresh twin of *target* at the next. Where the last stage cannot run it either, the error is the
+    refusal that led there (fake tensors as if compiling: what they could not run).
 
     Raises:
         CountError: no stage ran the model.
