@@ -84,8 +84,8 @@ _CAUSES = (
     (("nonzero", "DynamicOutputShape"),
      "forward() picks rows by their values (nonzero, where or a boolean mask: mixture-of-experts routing as "
      "transformers 4 writes it), which a counted forward does not have: pass the model built on the CPU (not a "
-     "factory) so that the torch backend runs it on real tensors at small n; transformers 5 runs its experts "
-     "as matrix products the meta device counts"),
+     "factory) so that the torch backend runs it on real tensors at small n; transformers 5 runs most families' "
+     "experts as matrix products the meta device counts (DBRX's it still routes by value)"),
     (("same device", "found at least two devices", "meta and cpu", "cpu and meta"),
      "forward() mixes the model's tensors with a tensor it holds outside its parameters and buffers (a plain "
      "attribute, or a closure over a real tensor), which does not move with the model: register it with "
