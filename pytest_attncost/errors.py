@@ -85,7 +85,7 @@ _CAUSES = (
      "forward() picks rows by their values (nonzero, where or a boolean mask: mixture-of-experts routing as "
      "transformers 4 writes it), which a counted forward does not have: pass the model built on the CPU (not a "
      "factory) so that the torch backend runs it on real tensors at small n; transformers 5 runs most families' "
-     "experts as matrix products the meta device counts (DBRX's it still routes by value)"),
+     "experts as matrix products the meta device counts (DBRX still routes its by value)"),
     (("same device", "found at least two devices", "meta and cpu", "cpu and meta"),
      "forward() mixes the model's tensors with a tensor it holds outside its parameters and buffers (a plain "
      "attribute, or a closure over a real tensor), which does not move with the model: register it with "

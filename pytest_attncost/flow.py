@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
-from .ops import PRODUCTS, OpRecord, ancestors, is_fused, is_product, short
+from .ops import CONVOLUTIONS, PRODUCTS, OpRecord, ancestors, is_fused, is_product
 
 __all__ = ["NARROW", "Flow", "first_matrix", "rows", "table", "width_of"]
 
@@ -162,9 +162,6 @@ def table(record: OpRecord) -> bool:
 
 
 _OUTER = ("aten::matmul", "aten::mm", "aten::bmm")  # a @ b, contracting a's last dimension
-#: Convolutions, whose output is (batch, channels, *positions)
-_CONVOLUTIONS = frozenset({"_convolution", "convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution",
-                           "_slow_conv2d_forward", "convolution_overrideable"})
 
 
 def rows(record: OpRecord) -> int:
@@ -173,7 +170,7 @@ def rows(record: OpRecord) -> int:
     columns over more than one dimension (XLNet's ``einsum('ibh,hnd->ibnd')``: heads x head_dim), those rows; and
     a convolution's, whose channels come before its positions, batch x positions."""
     out = record.out_shape
-    if short(record.op) in _CONVOLUTIONS and len(out) >= 3:
+    if record.op in CONVOLUTIONS and len(out) >= 3:
         return out[0] * math.prod(out[2:])
     first = first_matrix(record) or (record.shapes[0] if record.op == "aten::einsum" and record.shapes else ())
     if 2 <= len(first) < len(out) and tuple(out[:len(first) - 1]) == tuple(first[:-1]):

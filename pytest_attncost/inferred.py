@@ -118,11 +118,13 @@ def infer_spec(records: Sequence[OpRecord], structure: Structure) -> ModelSpec |
         if record.origin == "param" and record.backward_of is None:
             mine.setdefault(structure.layer_of(record.scope), []).append(i)
     figures = [_layer_figures(records, structure, mine.get(layer, []), cores) for layer, cores in calls.items()]
-    found = next((f for f in figures if isinstance(f, str)), None) or figures[0]
-    if isinstance(found, str):
-        return found
+    untold = next((f for f in figures if isinstance(f, str)), None)
+    if untold is not None:
+        return untold
     if len(set(figures)) != 1:
         return "its layers differ in shape"
+    found = figures[0]
+    assert not isinstance(found, str)
     hidden, heads, head_dim, kv_heads, ffn_dim, gated = found
     return ModelSpec(hidden=hidden, heads=heads, head_dim=head_dim, layers=len(structure.layers), ffn_dim=ffn_dim,
                      kv_heads=None if kv_heads == heads else kv_heads, gated=bool(gated))

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from .errors import hidden as __tracebackhide__  # noqa: F401  pytest reads it (errors.hidden)
 from .request import BACKENDS
 
-__all__ = ["FUSED_ATTENTION_OPS", "LIBRARY", "MASK_CAUSAL", "MASK_NONE", "MASK_UNKNOWN", "MATMUL_LIKE_UNSUPPORTED",
-           "OURS", "OpRecord", "PRODUCTS", "Product", "RawCount", "SDPA_OPS", "TABLE", "UNCOUNTED", "VIEW_OPS",
-           "ancestors", "attention_macs", "counted_by", "is_fused", "is_product", "parent", "short", "within"]
+__all__ = ["CONVOLUTIONS", "FUSED_ATTENTION_OPS", "LIBRARY", "MASK_CAUSAL", "MASK_NONE", "MASK_UNKNOWN",
+           "MATMUL_LIKE_UNSUPPORTED", "OURS", "OpRecord", "PRODUCTS", "Product", "RawCount", "SDPA_OPS", "TABLE",
+           "UNCOUNTED", "VIEW_OPS", "ancestors", "attention_macs", "counted_by", "is_fused", "is_product", "parent",
+           "short", "within"]
 
 Shape = Sequence[int]
 
@@ -130,6 +131,10 @@ PRODUCTS: Mapping[str, Product] = {
     **{f"quantized::{name}": _QUANTIZED for name in (
         "linear_dynamic", "linear", "linear_relu", "linear_relu_dynamic", "linear_dynamic_fp16")},
 }
+
+
+#: The convolutions among :data:`PRODUCTS`: their results are (batch, channels, *positions).
+CONVOLUTIONS = frozenset(op for op, product in PRODUCTS.items() if product is _CONV)
 
 
 def counted_by(backend: str, how: str) -> list[str]:

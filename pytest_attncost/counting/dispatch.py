@@ -436,7 +436,7 @@ def count_forward_torch(
     """
     refuse_scripted(model)
     stage = STAGE.get()
-    bare = fake and stage == "meta" and all_meta(model, (args, kwargs))
+    bare = fake and stage == STAGES[0] and all_meta(model, (args, kwargs))
     how = _How(train, fake, buffer_masks, bare, fake and stage != STAGES[2])
     swept = one_run.swept((args, kwargs))  # one run for several lengths: meta tensors of swept sizes
     if swept and train:
